@@ -1,0 +1,799 @@
+/*
+ * The driver registry, the histd_driver_* wrappers, and the value helpers
+ * of driver.h.
+ *
+ * The wrappers check what every driver would otherwise check the same way
+ * (NULL pointers, empty tenant or id, unsorted pairs), so that a driver sees
+ * only well-formed calls. They also pass drivers zeroed out-parameters of
+ * their own and copy them to the caller only on success (and the current
+ * revision on ECONFLICT): a caller's out-parameters are untouched on any
+ * error even if a driver is careless. Scalar out-parameters
+ * (revision, cleared_to_seq, current_revision, created) may be NULL.
+ */
+#include "driver.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "histd_wire.h"
+#include "memory/memory.h"
+
+/* ---------------------------------------------------------------------- */
+/* Registry                                                                */
+
+static const struct {
+	const char *name;
+	histd_driver_open_fn open;
+} registry[] = {
+	{ "memory", histd_memory_driver_open },
+	/* { "file", histd_file_driver_open }, */
+	/* { "postgres", histd_postgres_driver_open }, */
+};
+
+#define N_DRIVERS (sizeof(registry) / sizeof(registry[0]))
+
+/* Kept in step with `registry`, for histd_driver_names. */
+static const char *const registry_names[N_DRIVERS + 1] = {
+	"memory",
+	NULL,
+};
+
+const char *const *
+histd_driver_names(void)
+{
+	return registry_names;
+}
+
+/* "memory, file" into buf, for the unknown-driver message. */
+static void
+known_names(char *buf, size_t size)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < N_DRIVERS && used < size; i++) {
+		int n = snprintf(buf + used, size - used, "%s%s",
+				 i ? ", " : "", registry[i].name);
+		if (n < 0)
+			break;
+		used += (size_t)n;
+	}
+}
+
+int
+histd_driver_validate(const histd_driver *d)
+{
+	/* Every required member, in struct order, with its name for the
+	 * message. Version 1 requires all of them but ping. */
+	struct required {
+		const char *name;
+		int set;
+	};
+	const char *name;
+
+	if (!d)
+		return histd_error_set(HISTD_EINVALID, "driver is NULL");
+	name = d->name;
+	if (!name || !*name)
+		return histd_error_set(HISTD_EINVALID, "driver has no name");
+	if (d->version < 1 || d->version > HISTD_DRIVER_VERSION)
+		return histd_error_set(HISTD_EINVALID,
+				       "driver '%s': version %u is not supported (1..%u)",
+				       name, d->version, HISTD_DRIVER_VERSION);
+
+	const struct required req[] = {
+		{ "session_create", d->session_create != NULL },
+		{ "session_get", d->session_get != NULL },
+		{ "session_resolve", d->session_resolve != NULL },
+		{ "session_list", d->session_list != NULL },
+		{ "session_update", d->session_update != NULL },
+		{ "session_delete", d->session_delete != NULL },
+		{ "session_fork", d->session_fork != NULL },
+		{ "append", d->append != NULL },
+		{ "read", d->read != NULL },
+		{ "tool_result", d->tool_result != NULL },
+		{ "clear", d->clear != NULL },
+		{ "replace", d->replace != NULL },
+		{ "summary_put", d->summary_put != NULL },
+		{ "summary_get", d->summary_get != NULL },
+		{ "set_notify", d->set_notify != NULL },
+		{ "close", d->close != NULL },
+	};
+	for (size_t i = 0; i < sizeof(req) / sizeof(req[0]); i++)
+		if (!req[i].set)
+			return histd_error_set(HISTD_EINVALID,
+					       "driver '%s': callback '%s' is missing",
+					       name, req[i].name);
+	return 0;
+}
+
+int
+histd_driver_open(const char *name, const histd_driver_config *cfg,
+		  histd_driver **out)
+{
+	histd_driver_config empty = { 0 };
+	histd_driver *d = NULL;
+	char known[256];
+	int rc;
+
+	if (!out)
+		return histd_error_set(HISTD_EINVALID, "driver out-parameter is NULL");
+	if (!name || !*name)
+		return histd_error_set(HISTD_EINVALID, "driver name is empty");
+	if (!cfg)
+		cfg = &empty;
+	for (size_t i = 0; i < N_DRIVERS; i++) {
+		if (strcmp(registry[i].name, name) != 0)
+			continue;
+		rc = registry[i].open(cfg, &d);
+		if (rc)
+			return rc;
+		rc = histd_driver_validate(d);
+		if (rc) {
+			/* close is what validation may have found missing. */
+			if (d && d->close)
+				d->close(d);
+			return rc;
+		}
+		*out = d;
+		return 0;
+	}
+	known_names(known, sizeof(known));
+	return histd_error_set(HISTD_EINVALID, "unknown driver '%s' (known: %s)",
+			       name, known);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Argument checks shared by the wrappers                                  */
+
+static int
+check_str(const char *s, const char *field)
+{
+	if (!s || !*s)
+		return histd_error_set(HISTD_EINVALID, "%s is empty", field);
+	return 0;
+}
+
+static int
+check_names(histd_driver *d, const char *tenant, const char *id)
+{
+	if (!d)
+		return histd_error_set(HISTD_EINVALID, "driver is NULL");
+	int rc = check_str(tenant, "tenant");
+	return rc ? rc : check_str(id, "session id");
+}
+
+/* Pairs must be set, sorted by key, keys unique: drivers compare and
+ * canonicalize them without sorting again. */
+static int
+check_kv(const histd_kv *kv, size_t n, const char *field)
+{
+	if (n && !kv)
+		return histd_error_set(HISTD_EINVALID, "%s is NULL with %zu pairs",
+				       field, n);
+	for (size_t i = 0; i < n; i++) {
+		if (!kv[i].key || !kv[i].value)
+			return histd_error_set(HISTD_EINVALID,
+					       "%s[%zu] has a NULL key or value",
+					       field, i);
+		if (i && strcmp(kv[i - 1].key, kv[i].key) >= 0)
+			return histd_error_set(HISTD_EINVALID,
+					       "%s are not sorted by key with unique keys",
+					       field);
+	}
+	return 0;
+}
+
+static int
+check_bytes(const void *p, size_t len, const char *field)
+{
+	if (len && !p)
+		return histd_error_set(HISTD_EINVALID, "%s is NULL with length %zu",
+				       field, len);
+	return 0;
+}
+
+/* The record fields of a session to create (create, resolve, fork). */
+static int
+check_session_in(const histd_session *in)
+{
+	int rc;
+
+	if (!in)
+		return histd_error_set(HISTD_EINVALID, "session is NULL");
+	if ((rc = check_str(in->id, "session id")) ||
+	    (rc = check_kv(in->context_keys, in->n_context_keys, "context_keys")) ||
+	    (rc = check_kv(in->labels, in->n_labels, "labels")) ||
+	    (rc = check_bytes(in->config, in->config_len, "config")))
+		return rc;
+	return 0;
+}
+
+static int
+check_tool_refs(const histd_tool_ref *r, size_t n, size_t msg, const char *kind)
+{
+	if (n && !r)
+		return histd_error_set(HISTD_EINVALID,
+				       "messages[%zu] tool %s refs are NULL", msg, kind);
+	for (size_t i = 0; i < n; i++)
+		if (!r[i].id || !*r[i].id)
+			return histd_error_set(HISTD_EINVALID,
+					       "messages[%zu].content[%u].%s is empty",
+					       msg, r[i].block, kind);
+	return 0;
+}
+
+/* A batch for append (min 1 message) or replace (min 0). Records carry
+ * their length as uint32 with up to 11 bytes of seq in front. */
+static int
+check_batch(const histd_append *a, size_t min)
+{
+	int rc;
+
+	if (!a)
+		return histd_error_set(HISTD_EINVALID, "append is NULL");
+	if (a->n_msgs < min)
+		return histd_error_set(HISTD_EINVALID, "messages is empty");
+	if (a->n_msgs && !a->msgs)
+		return histd_error_set(HISTD_EINVALID, "messages is NULL with %zu messages",
+				       a->n_msgs);
+	for (size_t i = 0; i < a->n_msgs; i++) {
+		const histd_msg_in *m = &a->msgs[i];
+
+		/* Zero bytes is a valid (all-default) Message: whether it is
+		 * acceptable is the server's call, not storage's. */
+		if (m->len && !m->data)
+			return histd_error_set(HISTD_EINVALID,
+					       "messages[%zu] is NULL with length %zu",
+					       i, m->len);
+		if (m->len > UINT32_MAX - 1 - HISTD_WIRE_VARINT_MAX)
+			return histd_error_set(HISTD_EINVALID, "messages[%zu] is too large", i);
+		if ((rc = check_tool_refs(m->calls, m->n_calls, i, "tool_call.id")) ||
+		    (rc = check_tool_refs(m->results, m->n_results, i,
+					  "tool_result.tool_call_id")))
+			return rc;
+	}
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Wrappers                                                                */
+
+int
+histd_driver_session_create(histd_driver *d, const histd_session *in,
+			    histd_session **out)
+{
+	histd_session *s = NULL;
+	int rc;
+
+	if (!d)
+		return histd_error_set(HISTD_EINVALID, "driver is NULL");
+	if ((rc = check_session_in(in)) || (rc = check_str(in->tenant, "tenant")))
+		return rc;
+	if (!out)
+		return histd_error_set(HISTD_EINVALID, "session out-parameter is NULL");
+	rc = d->session_create(d, in, &s);
+	if (rc == 0)
+		*out = s;
+	return rc;
+}
+
+int
+histd_driver_session_get(histd_driver *d, const char *tenant, const char *id,
+			 histd_session **out)
+{
+	histd_session *s = NULL;
+	int rc;
+
+	if ((rc = check_names(d, tenant, id)))
+		return rc;
+	if (!out)
+		return histd_error_set(HISTD_EINVALID, "session out-parameter is NULL");
+	rc = d->session_get(d, tenant, id, &s);
+	if (rc == 0)
+		*out = s;
+	return rc;
+}
+
+int
+histd_driver_session_resolve(histd_driver *d, const histd_session *in,
+			     histd_session **out, int *created)
+{
+	histd_session *s = NULL;
+	int c = 0, rc;
+
+	if (!d)
+		return histd_error_set(HISTD_EINVALID, "driver is NULL");
+	if ((rc = check_session_in(in)) || (rc = check_str(in->tenant, "tenant")))
+		return rc;
+	if (!in->n_context_keys)
+		return histd_error_set(HISTD_EINVALID, "context_keys is empty");
+	if (!out)
+		return histd_error_set(HISTD_EINVALID, "session out-parameter is NULL");
+	rc = d->session_resolve(d, in, &s, &c);
+	if (rc == 0) {
+		*out = s;
+		if (created)
+			*created = c;
+	}
+	return rc;
+}
+
+int
+histd_driver_session_list(histd_driver *d, const histd_list *q,
+			  histd_session_list *out)
+{
+	histd_session_list l = { 0 };
+	int rc;
+
+	if (!d)
+		return histd_error_set(HISTD_EINVALID, "driver is NULL");
+	if (!q || !out)
+		return histd_error_set(HISTD_EINVALID, "list query or result is NULL");
+	if ((rc = check_str(q->tenant, "tenant")) ||
+	    (rc = check_kv(q->labels, q->n_labels, "labels")))
+		return rc;
+	if (q->limit < 1)
+		return histd_error_set(HISTD_EINVALID, "limit must be at least 1");
+	rc = d->session_list(d, q, &l);
+	if (rc == 0)
+		*out = l;
+	return rc;
+}
+
+int
+histd_driver_session_update(histd_driver *d, const char *tenant,
+			    const char *id, uint64_t expected_revision,
+			    const histd_kv *labels, size_t n_labels,
+			    const uint8_t *config, size_t config_len,
+			    int64_t now_us, histd_session **out,
+			    uint64_t *current_revision)
+{
+	histd_session *s = NULL;
+	uint64_t cur = 0;
+	int rc;
+
+	if ((rc = check_names(d, tenant, id)))
+		return rc;
+	/* labels == NULL means "keep them", so only check a given list. */
+	if (labels && (rc = check_kv(labels, n_labels, "labels")))
+		return rc;
+	if (!out)
+		return histd_error_set(HISTD_EINVALID, "session out-parameter is NULL");
+	rc = d->session_update(d, tenant, id, expected_revision, labels,
+			       labels ? n_labels : 0, config,
+			       config ? config_len : 0, now_us, &s, &cur);
+	if (rc == 0)
+		*out = s;
+	else if (rc == HISTD_ECONFLICT && current_revision)
+		*current_revision = cur;
+	return rc;
+}
+
+int
+histd_driver_session_delete(histd_driver *d, const char *tenant,
+			    const char *id, uint64_t expected_revision,
+			    uint64_t *current_revision)
+{
+	uint64_t cur = 0;
+	int rc;
+
+	if ((rc = check_names(d, tenant, id)))
+		return rc;
+	rc = d->session_delete(d, tenant, id, expected_revision, &cur);
+	if (rc == HISTD_ECONFLICT && current_revision)
+		*current_revision = cur;
+	return rc;
+}
+
+int
+histd_driver_session_fork(histd_driver *d, const char *tenant,
+			  const char *source_id, uint64_t up_to_seq,
+			  const histd_session *in, histd_session **out)
+{
+	histd_session *s = NULL;
+	int rc;
+
+	if ((rc = check_names(d, tenant, source_id)) || (rc = check_session_in(in)))
+		return rc;
+	/* The fork lives in the caller's tenant, like its source. */
+	if (in->tenant && strcmp(in->tenant, tenant) != 0)
+		return histd_error_set(HISTD_EINVALID,
+				       "a session cannot be forked into another tenant");
+	if (!out)
+		return histd_error_set(HISTD_EINVALID, "session out-parameter is NULL");
+	rc = d->session_fork(d, tenant, source_id, up_to_seq, in, &s);
+	if (rc == 0)
+		*out = s;
+	return rc;
+}
+
+int
+histd_driver_append(histd_driver *d, const histd_append *a,
+		    histd_append_result *res)
+{
+	histd_append_result r = { 0 };
+	int rc;
+
+	if (!d)
+		return histd_error_set(HISTD_EINVALID, "driver is NULL");
+	if ((rc = check_batch(a, 1)) ||
+	    (rc = check_names(d, a->tenant, a->session_id)))
+		return rc;
+	if (a->idempotency_key && *a->idempotency_key && !a->request_hash)
+		return histd_error_set(HISTD_EINVALID,
+				       "idempotency_key is set without a request hash");
+	if (!res)
+		return histd_error_set(HISTD_EINVALID, "append result is NULL");
+	rc = d->append(d, a, &r);
+	if (rc == 0)
+		*res = r;
+	else if (rc == HISTD_ECONFLICT)
+		res->current_revision = r.current_revision;
+	return rc;
+}
+
+int
+histd_driver_read(histd_driver *d, const histd_read *q, histd_read_result *res)
+{
+	histd_read_result r = { 0 };
+	int rc;
+
+	if (!q || !res)
+		return histd_error_set(HISTD_EINVALID, "read query or result is NULL");
+	if ((rc = check_names(d, q->tenant, q->session_id)))
+		return rc;
+	rc = d->read(d, q, &r);
+	if (rc == 0)
+		*res = r;
+	else
+		histd_read_result_clear(&r);
+	return rc;
+}
+
+int
+histd_driver_tool_result(histd_driver *d, const char *tenant, const char *id,
+			 const char *call_id, histd_record **out)
+{
+	histd_record *r = NULL;
+	int rc;
+
+	if ((rc = check_names(d, tenant, id)) ||
+	    (rc = check_str(call_id, "tool_call_id")))
+		return rc;
+	if (!out)
+		return histd_error_set(HISTD_EINVALID, "record out-parameter is NULL");
+	rc = d->tool_result(d, tenant, id, call_id, &r);
+	if (rc == 0)
+		*out = r;
+	return rc;
+}
+
+int
+histd_driver_clear(histd_driver *d, const char *tenant, const char *id,
+		   uint64_t expected_revision, uint64_t *revision,
+		   uint64_t *cleared_to_seq, uint64_t *current_revision)
+{
+	uint64_t rev = 0, cleared = 0, cur = 0;
+	int rc;
+
+	if ((rc = check_names(d, tenant, id)))
+		return rc;
+	rc = d->clear(d, tenant, id, expected_revision, &rev, &cleared, &cur);
+	if (rc == 0) {
+		if (revision)
+			*revision = rev;
+		if (cleared_to_seq)
+			*cleared_to_seq = cleared;
+	} else if (rc == HISTD_ECONFLICT && current_revision) {
+		*current_revision = cur;
+	}
+	return rc;
+}
+
+int
+histd_driver_replace(histd_driver *d, const histd_append *a,
+		     histd_append_result *res, uint64_t *cleared_to_seq)
+{
+	histd_append_result r = { 0 };
+	uint64_t cleared = 0;
+	int rc;
+
+	if (!d)
+		return histd_error_set(HISTD_EINVALID, "driver is NULL");
+	if ((rc = check_batch(a, 0)) ||
+	    (rc = check_names(d, a->tenant, a->session_id)))
+		return rc;
+	if (!res)
+		return histd_error_set(HISTD_EINVALID, "replace result is NULL");
+	rc = d->replace(d, a, &r, &cleared);
+	if (rc == 0) {
+		*res = r;
+		if (cleared_to_seq)
+			*cleared_to_seq = cleared;
+	} else if (rc == HISTD_ECONFLICT) {
+		res->current_revision = r.current_revision;
+	}
+	return rc;
+}
+
+int
+histd_driver_summary_put(histd_driver *d, const char *tenant, const char *id,
+			 uint64_t expected_revision,
+			 const histd_record *summary, uint64_t *revision,
+			 uint64_t *current_revision)
+{
+	uint64_t rev = 0, cur = 0;
+	int rc;
+
+	if ((rc = check_names(d, tenant, id)))
+		return rc;
+	if (!summary)
+		return histd_error_set(HISTD_EINVALID, "summary is NULL");
+	if ((rc = check_bytes(summary->data, summary->len, "summary")))
+		return rc;
+	rc = d->summary_put(d, tenant, id, expected_revision, summary, &rev, &cur);
+	if (rc == 0) {
+		if (revision)
+			*revision = rev;
+	} else if (rc == HISTD_ECONFLICT && current_revision) {
+		*current_revision = cur;
+	}
+	return rc;
+}
+
+int
+histd_driver_summary_get(histd_driver *d, const char *tenant, const char *id,
+			 histd_record **out)
+{
+	histd_record *r = NULL;
+	int rc;
+
+	if ((rc = check_names(d, tenant, id)))
+		return rc;
+	if (!out)
+		return histd_error_set(HISTD_EINVALID, "record out-parameter is NULL");
+	rc = d->summary_get(d, tenant, id, &r);
+	if (rc == 0)
+		*out = r;       /* NULL when the session has no summary */
+	return rc;
+}
+
+void
+histd_driver_set_notify(histd_driver *d, histd_change_fn fn, void *ctx)
+{
+	if (d)
+		d->set_notify(d, fn, ctx);
+}
+
+int
+histd_driver_ping(histd_driver *d)
+{
+	if (!d)
+		return histd_error_set(HISTD_EINVALID, "driver is NULL");
+	/* Optional: a driver without ping is always reachable. */
+	return d->ping ? d->ping(d) : 0;
+}
+
+void
+histd_driver_close(histd_driver *d)
+{
+	if (d)
+		d->close(d);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Value helpers                                                           */
+
+void
+histd_kv_free(histd_kv *kv, size_t n)
+{
+	if (!kv)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		free(kv[i].key);
+		free(kv[i].value);
+	}
+	free(kv);
+}
+
+int
+histd_kv_dup(histd_kv **out, const histd_kv *in, size_t n)
+{
+	histd_kv *kv;
+
+	if (n == 0) {
+		*out = NULL;
+		return 0;
+	}
+	kv = calloc(n, sizeof(*kv));
+	if (!kv)
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		kv[i].key = strdup(in[i].key);
+		kv[i].value = strdup(in[i].value);
+		if (!kv[i].key || !kv[i].value) {
+			histd_kv_free(kv, i + 1);
+			return histd_error_set(HISTD_ENOMEM, "out of memory");
+		}
+	}
+	*out = kv;
+	return 0;
+}
+
+int
+histd_kv_equal(const histd_kv *a, size_t na, const histd_kv *b, size_t nb)
+{
+	if (na != nb)
+		return 0;
+	for (size_t i = 0; i < na; i++)
+		if (strcmp(a[i].key, b[i].key) != 0 ||
+		    strcmp(a[i].value, b[i].value) != 0)
+			return 0;
+	return 1;
+}
+
+int
+histd_kv_contains(const histd_kv *set, size_t nset, const histd_kv *sub,
+		  size_t nsub)
+{
+	size_t i = 0;
+
+	/* Both sorted: one merge walk. */
+	for (size_t j = 0; j < nsub; j++) {
+		int c = 1;
+
+		while (i < nset && (c = strcmp(set[i].key, sub[j].key)) < 0)
+			i++;
+		if (i == nset || c != 0 || strcmp(set[i].value, sub[j].value) != 0)
+			return 0;
+		i++;
+	}
+	return 1;
+}
+
+void
+histd_session_free(histd_session *s)
+{
+	if (!s)
+		return;
+	free(s->tenant);
+	free(s->id);
+	histd_kv_free(s->context_keys, s->n_context_keys);
+	histd_kv_free(s->labels, s->n_labels);
+	free(s->config);
+	free(s);
+}
+
+histd_session *
+histd_session_dup(const histd_session *s)
+{
+	histd_session *c;
+
+	if (!s)
+		return NULL;
+	c = malloc(sizeof(*c));
+	if (!c)
+		return NULL;
+	*c = *s;
+	c->tenant = NULL;
+	c->id = NULL;
+	c->context_keys = c->labels = NULL;
+	c->n_context_keys = c->n_labels = 0;
+	c->config = NULL;
+	c->config_len = 0;
+	if (s->tenant && !(c->tenant = strdup(s->tenant)))
+		goto fail;
+	if (s->id && !(c->id = strdup(s->id)))
+		goto fail;
+	if (histd_kv_dup(&c->context_keys, s->context_keys, s->n_context_keys))
+		goto fail;
+	c->n_context_keys = s->n_context_keys;
+	if (histd_kv_dup(&c->labels, s->labels, s->n_labels))
+		goto fail;
+	c->n_labels = s->n_labels;
+	if (s->config && s->config_len) {
+		if (!(c->config = malloc(s->config_len)))
+			goto fail;
+		memcpy(c->config, s->config, s->config_len);
+		c->config_len = s->config_len;
+	}
+	return c;
+fail:
+	histd_session_free(c);
+	return NULL;
+}
+
+void
+histd_session_list_free(histd_session_list *l)
+{
+	if (!l)
+		return;
+	for (size_t i = 0; i < l->n; i++)
+		histd_session_free(l->v[i]);
+	free(l->v);
+	l->v = NULL;
+	l->n = 0;
+	l->has_more = 0;
+}
+
+int
+histd_records_add(histd_records *l, uint64_t seq, uint32_t token_estimate,
+		  const uint8_t *data, size_t len)
+{
+	uint8_t *copy;
+
+	if (len > UINT32_MAX)
+		return histd_error_set(HISTD_EINVALID, "record is too large");
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 8;
+		histd_record *v = realloc(l->v, cap * sizeof(*v));
+
+		if (!v)
+			return histd_error_set(HISTD_ENOMEM, "out of memory");
+		l->v = v;
+		l->cap = cap;
+	}
+	copy = malloc(len ? len : 1);
+	if (!copy)
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	if (len)
+		memcpy(copy, data, len);
+	l->v[l->n++] = (histd_record){
+		.seq = seq,
+		.token_estimate = token_estimate,
+		.len = (uint32_t)len,
+		.data = copy,
+	};
+	return 0;
+}
+
+void
+histd_records_clear(histd_records *l)
+{
+	if (!l)
+		return;
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i].data);
+	free(l->v);
+	l->v = NULL;
+	l->n = l->cap = 0;
+}
+
+histd_record *
+histd_record_new(uint64_t seq, uint32_t token_estimate, const uint8_t *data,
+		 size_t len)
+{
+	histd_record *r;
+
+	if (len > UINT32_MAX)
+		return NULL;
+	/* One block: the bytes follow the struct, freed with it. */
+	r = malloc(sizeof(*r) + (len ? len : 1));
+	if (!r)
+		return NULL;
+	r->seq = seq;
+	r->token_estimate = token_estimate;
+	r->len = (uint32_t)len;
+	r->data = (uint8_t *)(r + 1);
+	if (len)
+		memcpy(r->data, data, len);
+	return r;
+}
+
+void
+histd_record_free(histd_record *r)
+{
+	free(r);
+}
+
+void
+histd_read_result_clear(histd_read_result *r)
+{
+	if (!r)
+		return;
+	histd_records_clear(&r->records);
+	histd_session_free(r->session);
+	memset(r, 0, sizeof(*r));
+}

@@ -1,0 +1,464 @@
+/*
+ * histd storage drivers.
+ *
+ * A driver is a versioned struct of function pointers. An implementation
+ * embeds `histd_driver` as its first member and casts down. Members are only
+ * ever appended; `version` says which members an implementation fills.
+ *
+ * The server never calls a member directly: it calls the histd_driver_*
+ * wrappers below, which validate arguments common to every driver, fill
+ * defaults for optional callbacks, and are the one place for metrics and
+ * fault injection. A driver is opened by name (histd_driver_open), which
+ * validates the struct once, at start-up.
+ *
+ * Threads: every callback may be called from any thread, concurrently with
+ * any other callback (close excepted: it is called once, when no other call
+ * is running). Drivers synchronize internally.
+ *
+ * Errors: callbacks return 0 or a negative HISTD_E* code (histd_error.h) and
+ * set the thread's error message with histd_error_set. Codes a caller acts
+ * on: ENOTFOUND (no such session: also another tenant's), EEXISTS, ECONFLICT
+ * (expected revision mismatch; *current_revision out-params say the actual
+ * one), EINVALID, EPRECONDITION (idempotency key reused with another
+ * request), ELIMIT, EUNAVAILABLE (storage unreachable: nothing changed, or
+ * for writes: not acknowledged), ECORRUPT (stored data failed its checksum),
+ * ENOMEM. On any error, nothing changed and out-parameters are untouched.
+ *
+ * Ownership: `T **out` out-parameters are owned by the caller and freed
+ * with the matching histd_*_free below. Inputs are borrowed for the call;
+ * a driver copies what it keeps.
+ *
+ * Data: drivers never interpret message content. A message is stored as
+ * its packed Histd__V1__Message bytes with the seq field in front (see
+ * histd_wire.h); the server tells the driver, beside the bytes, the token
+ * estimate and the tool call ids a message issues and answers. Session
+ * config is stored as opaque packed Histd__V1__SessionConfig bytes.
+ *
+ * Revisions: a session is created at revision 1; every successful write to
+ * it (append, update, clear, replace, summary put) adds exactly 1.
+ * Seqs: assigned by the driver, per session, starting at 1, strictly
+ * increasing, never reused, not even after clear or replace. (A session
+ * deleted and created again under the same id is a new session and starts
+ * again at seq 1.)
+ */
+#ifndef HISTD_DRIVER_H
+#define HISTD_DRIVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "histd_error.h"
+
+#define HISTD_DRIVER_VERSION 1
+
+/* ---------------------------------------------------------------------- */
+/* Values passed to and from drivers                                       */
+
+typedef struct histd_kv {
+	char *key;
+	char *value;
+} histd_kv;
+
+/*
+ * A session's record. In inputs, only the fields named by each callback are
+ * read. In outputs, every field is set; the struct and every pointer in it
+ * are owned by the caller (histd_session_free).
+ */
+typedef struct histd_session {
+	char *tenant;
+	char *id;
+	/* Context keys and labels, sorted by key, keys unique. */
+	histd_kv *context_keys;
+	size_t n_context_keys;
+	histd_kv *labels;
+	size_t n_labels;
+	/* Packed Histd__V1__SessionConfig; may be NULL with config_len 0. */
+	uint8_t *config;
+	size_t config_len;
+	int64_t created_at_us;
+	int64_t updated_at_us;
+	uint64_t revision;
+	/* The last seq ever assigned (0: none). */
+	uint64_t last_seq;
+	/* Every seq <= cleared_to_seq was removed by clear or replace. */
+	uint64_t cleared_to_seq;
+	/* Over the messages stored now. */
+	uint64_t message_count;
+	uint64_t token_total;
+	uint64_t bytes_total;   /* sum of stored record lengths */
+	uint64_t first_seq;     /* oldest stored seq; 0 when none */
+	uint64_t summary_count;
+} histd_session;
+
+/* A stored message or summary. `data` points at `len` bytes: a packed
+ * Message with its seq in front, or a packed Summary. */
+typedef struct histd_record {
+	uint64_t seq;           /* messages: the seq; summaries: covers_to_seq */
+	uint32_t token_estimate;
+	uint32_t len;
+	uint8_t *data;
+} histd_record;
+
+/* A list of records, owned by the caller (histd_records_clear). Drivers
+ * build it with histd_records_add, which copies the bytes. */
+typedef struct histd_records {
+	histd_record *v;
+	size_t n;
+	size_t cap;
+} histd_records;
+
+/* A tool call id a message issues (tool_call.id) or answers
+ * (tool_result.tool_call_id), with the index of its content block, so that
+ * errors can name the field path. */
+typedef struct histd_tool_ref {
+	const char *id;
+	uint32_t block;
+} histd_tool_ref;
+
+/* One message to append. */
+typedef struct histd_msg_in {
+	const uint8_t *data;    /* packed Message with seq 0 (field absent) */
+	size_t len;
+	uint32_t token_estimate;
+	const histd_tool_ref *calls;
+	size_t n_calls;
+	const histd_tool_ref *results;
+	size_t n_results;
+} histd_msg_in;
+
+typedef struct histd_append {
+	const char *tenant;
+	const char *session_id;
+	/* 0: no check; else ECONFLICT unless the session is at this revision. */
+	uint64_t expected_revision;
+	/* NULL or "": no idempotency. Else the first append with this key is
+	 * remembered with `request_hash` until `idem_expires_us`; a later
+	 * append with the same key and hash returns the first result with
+	 * replayed = 1 and changes nothing; with another hash, EPRECONDITION.
+	 * The key check comes before the revision check. */
+	const char *idempotency_key;
+	const uint8_t *request_hash;   /* HISTD_HASH_LEN bytes */
+	int64_t now_us;                /* for expiry of remembered keys */
+	int64_t idem_expires_us;
+	const histd_msg_in *msgs;      /* 1..n messages */
+	size_t n_msgs;
+} histd_append;
+
+#define HISTD_HASH_LEN 32
+
+typedef struct histd_append_result {
+	uint64_t first_seq;
+	uint64_t last_seq;
+	uint64_t revision;
+	int replayed;
+	/* ECONFLICT: the session's current revision. */
+	uint64_t current_revision;
+} histd_append_result;
+
+typedef struct histd_read {
+	const char *tenant;
+	const char *session_id;
+	/* last_n > 0: the last_n newest messages (after_seq, limit ignored).
+	 * Else messages with seq > after_seq in seq order, at most limit
+	 * (limit 0: no limit). */
+	uint64_t after_seq;
+	uint32_t limit;
+	uint32_t last_n;
+	/* Non-zero: also return the session record in result->session. */
+	int want_session;
+} histd_read;
+
+/* Everything is read at one instant: the messages are exactly those stored
+ * at `revision`. */
+typedef struct histd_read_result {
+	histd_records records;
+	uint64_t revision;
+	uint64_t last_seq;
+	uint64_t cleared_to_seq;
+	int has_more;               /* more messages after the last returned
+	                             * (always 0 with last_n) */
+	histd_session *session;     /* if want_session; caller frees */
+} histd_read_result;
+
+typedef struct histd_list {
+	const char *tenant;
+	const char *after_id;       /* NULL or "": from the first id */
+	uint32_t limit;             /* 1.. */
+	const histd_kv *labels;     /* every pair must be among the labels */
+	size_t n_labels;
+} histd_list;
+
+typedef struct histd_session_list {
+	histd_session **v;
+	size_t n;
+	int has_more;
+} histd_session_list;
+
+/* What changed, for subscribers. */
+enum histd_change_kind {
+	HISTD_CHANGE_APPENDED = 1,  /* records: the appended messages */
+	HISTD_CHANGE_CLEARED,       /* cleared_to_seq */
+	HISTD_CHANGE_REPLACED,      /* records: the new messages; cleared_to_seq */
+	HISTD_CHANGE_SUMMARY,       /* records: one, the new summary */
+	HISTD_CHANGE_UPDATED,       /* session: the record after the update */
+	HISTD_CHANGE_DELETED,       /* revision: the last revision + 1 */
+};
+
+typedef struct histd_change {
+	enum histd_change_kind kind;
+	const char *tenant;
+	const char *session_id;
+	uint64_t revision;          /* the session's revision after the change */
+	uint64_t cleared_to_seq;
+	/* APPENDED, REPLACED, SUMMARY: the records. A driver that cannot give
+	 * them (a change made by another replica) passes records == NULL and
+	 * the receiver reads them. */
+	const histd_record *records;
+	size_t n_records;
+	const histd_session *session;
+} histd_change;
+
+/*
+ * Called once per committed change, after it is durable, in revision order
+ * for each session, possibly while the driver holds internal locks: it must
+ * not call into the driver and must not block. Everything it is given is
+ * borrowed for the call.
+ */
+typedef void (*histd_change_fn)(void *ctx, const histd_change *change);
+
+/* ---------------------------------------------------------------------- */
+/* The interface                                                           */
+
+typedef struct histd_driver histd_driver;
+
+struct histd_driver {
+	/* HISTD_DRIVER_VERSION the implementation was written against. */
+	unsigned int version;
+	/* Its name as chosen in the configuration ("memory", "file", ...). */
+	const char *name;
+
+	/* Required. Creates a session from in->tenant, id, context_keys,
+	 * labels, config, created_at_us (updated_at_us = created_at_us) at
+	 * revision 1. EEXISTS if the id exists in the tenant, or if context
+	 * keys are given and another session of the tenant has the same set. */
+	int (*session_create)(histd_driver *d, const histd_session *in,
+			      histd_session **out);
+
+	/* Required. ENOTFOUND if no such session in the tenant. */
+	int (*session_get)(histd_driver *d, const char *tenant, const char *id,
+			   histd_session **out);
+
+	/* Required. Get-or-create by in->context_keys (non-empty): if a session
+	 * of in->tenant has exactly these keys, returns it with *created = 0;
+	 * else creates it as session_create would (with in->id) and sets
+	 * *created = 1. Atomic: two concurrent calls with the same keys return
+	 * the same session, one of them created. */
+	int (*session_resolve)(histd_driver *d, const histd_session *in,
+			       histd_session **out, int *created);
+
+	/* Required. The tenant's sessions with id > after_id in id order (byte
+	 * order), filtered by labels, at most limit; has_more if more exist.
+	 * out->v and each session are owned by the caller
+	 * (histd_session_list_free). */
+	int (*session_list)(histd_driver *d, const histd_list *q,
+			    histd_session_list *out);
+
+	/* Required. Replaces labels (if labels != NULL: the n_labels pairs) and
+	 * config (if config != NULL), sets updated_at_us = now_us, adds 1 to
+	 * the revision. expected_revision as in append (ECONFLICT, with
+	 * *current_revision set). */
+	int (*session_update)(histd_driver *d, const char *tenant,
+			      const char *id, uint64_t expected_revision,
+			      const histd_kv *labels, size_t n_labels,
+			      const uint8_t *config, size_t config_len,
+			      int64_t now_us, histd_session **out,
+			      uint64_t *current_revision);
+
+	/* Required. Deletes the session, its messages, summaries, tool call
+	 * index and idempotency keys; notifies DELETED with the session's
+	 * last revision + 1, so that subscribers see it as a newer change. */
+	int (*session_delete)(histd_driver *d, const char *tenant,
+			      const char *id, uint64_t expected_revision,
+			      uint64_t *current_revision);
+
+	/* Required. Creates `in` (tenant, id, labels, context_keys,
+	 * created_at_us; config copied from the source) holding the source's
+	 * messages with seq <= up_to_seq (0: all) with their seqs, the
+	 * summaries with covers_to_seq <= up_to_seq, and the tool call state
+	 * of those messages. The fork's last_seq is min(up_to_seq, source
+	 * last_seq) (source last_seq when up_to_seq is 0), its cleared_to_seq
+	 * min(that, the source's), its revision 1. ENOTFOUND for the source,
+	 * EEXISTS for the new id. */
+	int (*session_fork)(histd_driver *d, const char *tenant,
+			    const char *source_id, uint64_t up_to_seq,
+			    const histd_session *in, histd_session **out);
+
+	/*
+	 * Required. Appends a->msgs as one atomic batch: all or nothing.
+	 * Order of checks: session exists (ENOTFOUND); idempotency key (see
+	 * histd_append); expected revision (ECONFLICT); tool references:
+	 * every calls[].id must be new in the session and the batch (EINVALID,
+	 * "messages[i].content[j].tool_call.id is already used in this
+	 * session"); every results[].id must name a call issued earlier in the
+	 * session or in an earlier message of the batch and not yet answered
+	 * (EINVALID, "messages[i].content[j].tool_result.tool_call_id does not
+	 * answer an open tool call"). Then assigns seqs last_seq+1.., stores
+	 * each record (seq in front of the bytes), updates stats, adds 1 to
+	 * the revision, remembers the idempotency key, and notifies
+	 * HISTD_CHANGE_APPENDED before returning.
+	 */
+	int (*append)(histd_driver *d, const histd_append *a,
+		      histd_append_result *res);
+
+	/* Required. Reads messages as histd_read says. ENOTFOUND if no such
+	 * session. res->records and res->session are the caller's. */
+	int (*read)(histd_driver *d, const histd_read *q,
+		    histd_read_result *res);
+
+	/* Required. The message holding the tool result for call_id: *out is
+	 * one record owned by the caller (histd_record_free). ENOTFOUND if no
+	 * session, or no stored result answers that call. */
+	int (*tool_result)(histd_driver *d, const char *tenant, const char *id,
+			   const char *call_id, histd_record **out);
+
+	/* Required. Removes every message and summary and the tool call
+	 * index; keeps last_seq; sets cleared_to_seq = last_seq; +1 revision;
+	 * notifies CLEARED. */
+	int (*clear)(histd_driver *d, const char *tenant, const char *id,
+		     uint64_t expected_revision, uint64_t *revision,
+		     uint64_t *cleared_to_seq, uint64_t *current_revision);
+
+	/* Required. Atomically: clear, then append msgs (0..n) checked as a
+	 * batch against an empty tool call index; +1 revision in all;
+	 * notifies REPLACED with the new records. res->first_seq/last_seq are
+	 * 0 when n_msgs is 0. Idempotency fields of `a` are ignored. */
+	int (*replace)(histd_driver *d, const histd_append *a,
+		       histd_append_result *res, uint64_t *cleared_to_seq);
+
+	/* Required. Stores a summary record (packed Summary, seq =
+	 * covers_to_seq); +1 revision; notifies SUMMARY. expected_revision as
+	 * in append. */
+	int (*summary_put)(histd_driver *d, const char *tenant, const char *id,
+			   uint64_t expected_revision, const histd_record *summary,
+			   uint64_t *revision, uint64_t *current_revision);
+
+	/* Required. The newest summary (largest covers_to_seq, newest put on a
+	 * tie): *out owned by the caller; *out = NULL (and 0) when none. */
+	int (*summary_get)(histd_driver *d, const char *tenant, const char *id,
+			   histd_record **out);
+
+	/* Required. Sets the change hook (fn NULL: none). Called before any
+	 * write; changes made before it are not reported. */
+	void (*set_notify)(histd_driver *d, histd_change_fn fn, void *ctx);
+
+	/* Optional. 0 when the storage answers; EUNAVAILABLE otherwise.
+	 * Default: always 0. */
+	int (*ping)(histd_driver *d);
+
+	/* Required. Frees the driver and everything it holds. */
+	void (*close)(histd_driver *d);
+};
+
+/* Driver options from the configuration. Each driver reads its own. */
+typedef struct histd_driver_config {
+	const char *data_dir;        /* file */
+	const char *fsync_mode;      /* file: always | batch | never */
+	const char *dsn;             /* postgres */
+	int pool_size;               /* postgres */
+} histd_driver_config;
+
+/* A driver's constructor, as listed in the registry (driver.c). */
+typedef int (*histd_driver_open_fn)(const histd_driver_config *cfg,
+				    histd_driver **out);
+
+/* ---------------------------------------------------------------------- */
+/* Opening, and the wrappers every caller uses                             */
+
+/* Opens the driver registered under `name` and validates it: a known
+ * version, every required callback set. EINVALID names what is wrong
+ * (unknown driver, bad version, missing callback). *out is freed with
+ * histd_driver_close. */
+int histd_driver_open(const char *name, const histd_driver_config *cfg,
+		      histd_driver **out);
+
+/* Validates an already built driver struct (used by histd_driver_open and
+ * by tests that wrap a driver). */
+int histd_driver_validate(const histd_driver *d);
+
+/* The names of the registered drivers, NULL-terminated. */
+const char *const *histd_driver_names(void);
+
+int histd_driver_session_create(histd_driver *d, const histd_session *in,
+				histd_session **out);
+int histd_driver_session_get(histd_driver *d, const char *tenant,
+			     const char *id, histd_session **out);
+int histd_driver_session_resolve(histd_driver *d, const histd_session *in,
+				 histd_session **out, int *created);
+int histd_driver_session_list(histd_driver *d, const histd_list *q,
+			      histd_session_list *out);
+int histd_driver_session_update(histd_driver *d, const char *tenant,
+				const char *id, uint64_t expected_revision,
+				const histd_kv *labels, size_t n_labels,
+				const uint8_t *config, size_t config_len,
+				int64_t now_us, histd_session **out,
+				uint64_t *current_revision);
+int histd_driver_session_delete(histd_driver *d, const char *tenant,
+				const char *id, uint64_t expected_revision,
+				uint64_t *current_revision);
+int histd_driver_session_fork(histd_driver *d, const char *tenant,
+			      const char *source_id, uint64_t up_to_seq,
+			      const histd_session *in, histd_session **out);
+int histd_driver_append(histd_driver *d, const histd_append *a,
+			histd_append_result *res);
+int histd_driver_read(histd_driver *d, const histd_read *q,
+		      histd_read_result *res);
+int histd_driver_tool_result(histd_driver *d, const char *tenant,
+			     const char *id, const char *call_id,
+			     histd_record **out);
+int histd_driver_clear(histd_driver *d, const char *tenant, const char *id,
+		       uint64_t expected_revision, uint64_t *revision,
+		       uint64_t *cleared_to_seq, uint64_t *current_revision);
+int histd_driver_replace(histd_driver *d, const histd_append *a,
+			 histd_append_result *res, uint64_t *cleared_to_seq);
+int histd_driver_summary_put(histd_driver *d, const char *tenant,
+			     const char *id, uint64_t expected_revision,
+			     const histd_record *summary, uint64_t *revision,
+			     uint64_t *current_revision);
+int histd_driver_summary_get(histd_driver *d, const char *tenant,
+			     const char *id, histd_record **out);
+void histd_driver_set_notify(histd_driver *d, histd_change_fn fn, void *ctx);
+int histd_driver_ping(histd_driver *d);
+void histd_driver_close(histd_driver *d);
+
+/* ---------------------------------------------------------------------- */
+/* Helpers for values (drivers and callers both use them)                  */
+
+void histd_session_free(histd_session *s);
+/* Deep copy; NULL if out of memory. */
+histd_session *histd_session_dup(const histd_session *s);
+void histd_session_list_free(histd_session_list *l);
+
+/* Appends a copy of data to the list; 0 or ENOMEM. */
+int histd_records_add(histd_records *l, uint64_t seq, uint32_t token_estimate,
+		      const uint8_t *data, size_t len);
+/* Frees the records' bytes and the array; the struct itself is not freed
+ * and is left empty. */
+void histd_records_clear(histd_records *l);
+/* A single malloc'ed record with a copy of data; NULL if out of memory. */
+histd_record *histd_record_new(uint64_t seq, uint32_t token_estimate,
+			       const uint8_t *data, size_t len);
+void histd_record_free(histd_record *r);
+
+/* Frees what a read result holds (records, session) and zeroes it. */
+void histd_read_result_clear(histd_read_result *r);
+
+/* Copies n pairs (strdup of keys and values); NULL with n 0, or ENOMEM. */
+int histd_kv_dup(histd_kv **out, const histd_kv *in, size_t n);
+void histd_kv_free(histd_kv *kv, size_t n);
+/* Whether two sorted pair lists are equal. */
+int histd_kv_equal(const histd_kv *a, size_t na, const histd_kv *b, size_t nb);
+/* Whether every pair of `sub` is in `set` (both sorted). */
+int histd_kv_contains(const histd_kv *set, size_t nset, const histd_kv *sub,
+		      size_t nsub);
+
+#endif

@@ -1,0 +1,108 @@
+/*
+ * Internal to the transport (transport.c, subscribe.c): the per-call
+ * context and its completion-queue tags.
+ *
+ * A call context is reference-counted: one reference while its handler
+ * runs and one per batch started on it; the last unref releases the
+ * grpc_call and frees the context. Tags are small structs inside the
+ * context, one per kind of batch that can be outstanding.
+ */
+#ifndef HISTD_CALL_H
+#define HISTD_CALL_H
+
+#include <grpc/grpc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "config.h"
+#include "hub.h"
+#include "service.h"
+
+enum histd_tag_kind {
+	TAG_NEW,        /* a posted request matched a call (or failed) */
+	TAG_DONE,       /* the unary answer batch completed */
+	TAG_CLOSE,      /* RECV_CLOSE_ON_SERVER of a stream completed */
+	TAG_SEND,       /* one streamed message was sent */
+	TAG_STATUS,     /* a stream's status was sent */
+};
+
+struct histd_call;
+
+struct histd_tag {
+	enum histd_tag_kind kind;
+	struct histd_call *call;
+};
+
+/* What a call is: a method of the table in transport.c, or unknown. */
+enum histd_route {
+	ROUTE_UNARY,        /* HistoryService unary methods */
+	ROUTE_SUBSCRIBE,
+	ROUTE_HEALTH_CHECK,
+	ROUTE_UNKNOWN,
+};
+
+struct histd_server {
+	const histd_config *cfg;
+	histd_service *svc;
+	histd_hub *hub;
+	grpc_server *server;
+	grpc_completion_queue *cq;
+	pthread_t *threads;
+	int n_threads;
+	atomic_int shutting_down;
+	/* Live call contexts (posted or running); shutdown waits for 0. */
+	pthread_mutex_t live_mu;
+	pthread_cond_t live_cv;
+	long live;
+};
+
+struct histd_call {
+	struct histd_server *srv;
+	enum histd_route route;
+	int method;                   /* route table index (= enum histd_method
+	                                 * for HistoryService methods) */
+	grpc_call *call;
+	gpr_timespec deadline;
+	grpc_metadata_array md;
+	grpc_byte_buffer *payload;
+	grpc_call_details details;    /* unknown methods only */
+	atomic_int refs;
+	struct histd_tag t_new, t_done, t_close, t_send, t_status;
+	int cancelled;                /* out of RECV_CLOSE_ON_SERVER */
+
+	/* The answer: alive until the batch that sends it completes. */
+	grpc_byte_buffer *resp;
+	grpc_slice status_details;
+	int has_details;
+	grpc_metadata trailer[1];
+	char trailer_val[24];
+
+	/* Subscribe state, under mu. */
+	pthread_mutex_t mu;
+	histd_sub *sub;
+	int md_sent;           /* initial metadata went out */
+	int in_flight;         /* a SEND_MESSAGE batch is outstanding */
+	int hub_calling;       /* a histd_hub_sent call is running */
+	int finish_pending;    /* status to send once the send completes */
+	int status_started;
+	int closed;            /* RECV_CLOSE_ON_SERVER completed */
+	int unsubscribed;
+	grpc_byte_buffer *send_buf;
+	grpc_status_code st_code;
+	uint64_t after_seq;    /* the request's: the least resume point */
+};
+
+void histd_call_ref(struct histd_call *c);
+void histd_call_unref(struct histd_call *c);
+
+/* The request bytes of a call (payload), as a slice the caller unrefs;
+ * 0, or -1 if there is no payload. */
+int histd_call_request_bytes(struct histd_call *c, grpc_slice *out);
+
+/* subscribe.c */
+void histd_subscribe_begin(struct histd_call *c);
+void histd_subscribe_on_send(struct histd_call *c, int ok);
+void histd_subscribe_on_close(struct histd_call *c);
+void histd_subscribe_on_status(struct histd_call *c, int ok);
+
+#endif

@@ -1,0 +1,426 @@
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <yaml.h>
+
+enum opt_type {
+	OPT_STR,
+	OPT_INT,        /* int, >= 0 */
+	OPT_U32,        /* uint32_t, >= 0; accepts K/M/G suffixes (1024) */
+	OPT_SIZE,       /* size_t, >= 0 */
+	OPT_SECONDS,    /* int64_t microseconds, given in seconds */
+	OPT_INT_SECONDS,/* int seconds */
+};
+
+struct opt {
+	const char *name;        /* flag without "--"; key and variable derive */
+	enum opt_type type;
+	size_t offset;
+	const char *def;
+	const char *help;
+};
+
+#define OFF(f) offsetof(histd_config, f)
+
+/* The reference: README's configuration table is this table. */
+static const struct opt opts[] = {
+	{ "listen", OPT_STR, OFF(listen), "0.0.0.0:50051",
+	  "address to serve gRPC on (host:port; port 0 picks a free one)" },
+	{ "port-file", OPT_STR, OFF(port_file), "",
+	  "write the bound port to this file once serving" },
+	{ "driver", OPT_STR, OFF(driver), "memory",
+	  "storage driver: memory" },
+	{ "data-dir", OPT_STR, OFF(data_dir), "./data",
+	  "directory of the file driver" },
+	{ "fsync", OPT_STR, OFF(fsync), "batch",
+	  "file driver durability: always | batch | never" },
+	{ "dsn", OPT_STR, OFF(dsn), "",
+	  "PostgreSQL connection string (postgres driver)" },
+	{ "pool-size", OPT_INT, OFF(pool_size), "8",
+	  "PostgreSQL connections (postgres driver)" },
+	{ "threads", OPT_INT, OFF(threads), "0",
+	  "threads serving the completion queue (0: 2 per core)" },
+	{ "posted-calls", OPT_INT, OFF(posted_calls), "16",
+	  "requests kept posted per method" },
+	{ "max-message-bytes", OPT_U32, OFF(max_receive_bytes), "4M",
+	  "largest gRPC request accepted (RESOURCE_EXHAUSTED above)" },
+	{ "max-concurrent-streams", OPT_U32, OFF(max_concurrent_streams), "1000",
+	  "concurrent calls per HTTP/2 connection" },
+	{ "max-messages-per-append", OPT_U32,
+	  OFF(service.max_messages_per_append), "1000",
+	  "messages in one Append, Replace or Import" },
+	{ "max-stored-message-bytes", OPT_U32, OFF(service.max_message_bytes),
+	  "1M", "largest single message (packed protobuf)" },
+	{ "max-page-size", OPT_U32, OFF(service.max_page_size), "1000",
+	  "most messages or sessions one page returns" },
+	{ "idempotency-ttl", OPT_SECONDS, OFF(service.idempotency_ttl_us),
+	  "86400", "seconds an idempotency key is remembered" },
+	{ "subscriber-queue", OPT_SIZE, OFF(hub.queue_max), "1024",
+	  "events queued per subscriber before it is ended as too slow" },
+	{ "max-subscribers", OPT_SIZE, OFF(hub.max_subscribers), "10000",
+	  "Subscribe streams in total (0: no limit)" },
+	{ "max-subscribers-per-session", OPT_SIZE, OFF(hub.max_per_session),
+	  "1000", "Subscribe streams per session (0: no limit)" },
+	{ "replay-max", OPT_U32, OFF(replay_max), "100000",
+	  "messages one Subscribe may replay" },
+	{ "shutdown-grace", OPT_INT_SECONDS, OFF(shutdown_grace_s), "10",
+	  "seconds in-flight calls get to finish on SIGTERM" },
+	{ "log-level", OPT_STR, OFF(log_level), "info",
+	  "debug | info | warn | error" },
+};
+
+#define N_OPTS (sizeof(opts) / sizeof(opts[0]))
+
+static void
+env_name(const struct opt *o, char *buf, size_t cap)
+{
+	size_t n = (size_t)snprintf(buf, cap, "HISTD_");
+
+	for (const char *p = o->name; *p && n + 1 < cap; p++)
+		buf[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+	buf[n] = '\0';
+}
+
+static void
+yaml_key(const struct opt *o, char *buf, size_t cap)
+{
+	size_t n = 0;
+
+	for (const char *p = o->name; *p && n + 1 < cap; p++)
+		buf[n++] = *p == '-' ? '_' : *p;
+	buf[n] = '\0';
+}
+
+static int
+parse_uint(const char *s, int suffixes, unsigned long long max,
+	   unsigned long long *out)
+{
+	char *end;
+	unsigned long long v;
+
+	if (!*s || *s == '-' || isspace((unsigned char)*s))
+		return -1;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -1;
+	if (suffixes && *end) {
+		unsigned long long mul = 1;
+
+		switch (*end) {
+		case 'k': case 'K': mul = 1024ULL; break;
+		case 'm': case 'M': mul = 1024ULL * 1024; break;
+		case 'g': case 'G': mul = 1024ULL * 1024 * 1024; break;
+		default: return -1;
+		}
+		end++;
+		if (*end == 'i' && end[1] == 'B')
+			end += 2;
+		else if (*end == 'B')
+			end++;
+		if (v > max / mul)
+			return -1;
+		v *= mul;
+	}
+	if (*end || v > max)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* Sets one option from text; -1 after printing why not. */
+static int
+set_opt(histd_config *cfg, const struct opt *o, const char *val,
+	const char *from)
+{
+	char *base = (char *)cfg + o->offset;
+	unsigned long long v = 0;
+	int ok = 0;
+
+	switch (o->type) {
+	case OPT_STR: {
+		char *copy = strdup(val);
+
+		if (!copy)
+			return -1;
+		free(*(char **)base);
+		*(char **)base = copy;
+		return 0;
+	}
+	case OPT_INT:
+	case OPT_INT_SECONDS:
+		ok = parse_uint(val, 0, INT_MAX, &v) == 0;
+		if (ok)
+			*(int *)base = (int)v;
+		break;
+	case OPT_U32:
+		ok = parse_uint(val, 1, UINT32_MAX, &v) == 0;
+		if (ok)
+			*(uint32_t *)base = (uint32_t)v;
+		break;
+	case OPT_SIZE:
+		ok = parse_uint(val, 1, SIZE_MAX, &v) == 0;
+		if (ok)
+			*(size_t *)base = (size_t)v;
+		break;
+	case OPT_SECONDS:
+		ok = parse_uint(val, 0, INT64_MAX / 1000000, &v) == 0;
+		if (ok)
+			*(int64_t *)base = (int64_t)v * 1000000;
+		break;
+	}
+	if (!ok) {
+		fprintf(stderr, "histd: %s: %s needs a non-negative number%s\n",
+			from, o->name,
+			o->type == OPT_U32 || o->type == OPT_SIZE ?
+				" (K, M, G suffixes allowed)" : "");
+		return -1;
+	}
+	return 0;
+}
+
+static const struct opt *
+find_flag(const char *name, size_t len)
+{
+	for (size_t i = 0; i < N_OPTS; i++)
+		if (strlen(opts[i].name) == len &&
+		    strncmp(opts[i].name, name, len) == 0)
+			return &opts[i];
+	return NULL;
+}
+
+static const struct opt *
+find_yaml_key(const char *key)
+{
+	char buf[64];
+
+	for (size_t i = 0; i < N_OPTS; i++) {
+		yaml_key(&opts[i], buf, sizeof(buf));
+		if (strcmp(buf, key) == 0)
+			return &opts[i];
+	}
+	return NULL;
+}
+
+/* A flat mapping of option keys to scalars. */
+static int
+load_yaml(histd_config *cfg, const char *path)
+{
+	FILE *f = fopen(path, "r");
+	yaml_parser_t parser;
+	yaml_event_t ev;
+	char *key = NULL;
+	int depth = 0, rc = 0, done = 0;
+
+	if (!f) {
+		fprintf(stderr, "histd: config file %s: %s\n", path,
+			strerror(errno));
+		return -1;
+	}
+	yaml_parser_initialize(&parser);
+	yaml_parser_set_input_file(&parser, f);
+	while (!done && rc == 0) {
+		if (!yaml_parser_parse(&parser, &ev)) {
+			fprintf(stderr, "histd: config file %s: line %zu: %s\n",
+				path, parser.problem_mark.line + 1,
+				parser.problem ? parser.problem : "parse error");
+			rc = -1;
+			break;
+		}
+		switch (ev.type) {
+		case YAML_MAPPING_START_EVENT:
+		case YAML_SEQUENCE_START_EVENT:
+			depth++;
+			if (depth > 1) {
+				fprintf(stderr, "histd: config file %s: line %zu:"
+					" values must be scalars\n", path,
+					ev.start_mark.line + 1);
+				rc = -1;
+			}
+			break;
+		case YAML_MAPPING_END_EVENT:
+		case YAML_SEQUENCE_END_EVENT:
+			depth--;
+			break;
+		case YAML_SCALAR_EVENT: {
+			const char *s = (const char *)ev.data.scalar.value;
+
+			if (depth != 1)
+				break;
+			if (!key) {
+				key = strdup(s);
+				if (!key)
+					rc = -1;
+			} else {
+				const struct opt *o = find_yaml_key(key);
+				char from[512];
+
+				snprintf(from, sizeof(from), "config file %s",
+					 path);
+				if (!o) {
+					fprintf(stderr, "histd: %s: unknown key"
+						" '%s'\n", from, key);
+					rc = -1;
+				} else if (set_opt(cfg, o, s, from) != 0) {
+					rc = -1;
+				}
+				free(key);
+				key = NULL;
+			}
+			break;
+		}
+		case YAML_STREAM_END_EVENT:
+			done = 1;
+			break;
+		default:
+			break;
+		}
+		yaml_event_delete(&ev);
+	}
+	free(key);
+	yaml_parser_delete(&parser);
+	fclose(f);
+	return rc;
+}
+
+void
+histd_config_usage(FILE *out)
+{
+	char env[64];
+
+	fprintf(out,
+		"usage: histd [options]\n"
+		"\n"
+		"histd serves conversation history for LLM agents over gRPC.\n"
+		"Each option is a flag, an environment variable, or a key of\n"
+		"the YAML file named by --config (HISTD_CONFIG); flags win over\n"
+		"the environment, the environment over the file.\n"
+		"\n"
+		"  --config FILE  (HISTD_CONFIG)\n"
+		"      YAML file of options (keys as below, '-' written '_')\n");
+	for (size_t i = 0; i < N_OPTS; i++) {
+		env_name(&opts[i], env, sizeof(env));
+		fprintf(out, "  --%s  (%s)  default: %s\n      %s\n",
+			opts[i].name, env, *opts[i].def ? opts[i].def : "none",
+			opts[i].help);
+	}
+	fprintf(out, "  --help, --version\n");
+}
+
+int
+histd_config_load(histd_config *cfg, int argc, char **argv)
+{
+	const char *file = getenv("HISTD_CONFIG");
+	char env[64];
+
+	memset(cfg, 0, sizeof(*cfg));
+	for (size_t i = 0; i < N_OPTS; i++)
+		if (set_opt(cfg, &opts[i], opts[i].def, "default") != 0)
+			return -1;
+
+	/* --help, --version and --config first: the file is read before
+	 * the environment and the other flags apply over it. */
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			histd_config_usage(stdout);
+			return 1;
+		}
+		if (strcmp(argv[i], "--version") == 0) {
+			printf("histd 0.1.0\n");
+			return 1;
+		}
+		if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+			file = argv[i + 1];
+		else if (strncmp(argv[i], "--config=", 9) == 0)
+			file = argv[i] + 9;
+	}
+	if (file && *file) {
+		cfg->config_file = strdup(file);
+		if (load_yaml(cfg, file) != 0)
+			return -1;
+	}
+
+	for (size_t i = 0; i < N_OPTS; i++) {
+		const char *v;
+
+		env_name(&opts[i], env, sizeof(env));
+		v = getenv(env);
+		if (v && set_opt(cfg, &opts[i], v, env) != 0)
+			return -1;
+	}
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *name, *eq, *val;
+		const struct opt *o;
+		size_t len;
+
+		if (strncmp(a, "--", 2) != 0) {
+			fprintf(stderr, "histd: unexpected argument '%s' "
+				"(see --help)\n", a);
+			return -1;
+		}
+		name = a + 2;
+		eq = strchr(name, '=');
+		len = eq ? (size_t)(eq - name) : strlen(name);
+		if (len == 6 && strncmp(name, "config", 6) == 0) {
+			if (!eq)
+				i++;
+			continue;
+		}
+		o = find_flag(name, len);
+		if (!o) {
+			fprintf(stderr, "histd: unknown option '--%.*s' "
+				"(see --help)\n", (int)len, name);
+			return -1;
+		}
+		if (eq) {
+			val = eq + 1;
+		} else if (i + 1 < argc) {
+			val = argv[++i];
+		} else {
+			fprintf(stderr, "histd: --%s needs a value\n", o->name);
+			return -1;
+		}
+		if (set_opt(cfg, o, val, "flag") != 0)
+			return -1;
+	}
+
+	if (cfg->threads == 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+		cfg->threads = n > 0 ? (int)(2 * n) : 2;
+	}
+	if (cfg->posted_calls < 1)
+		cfg->posted_calls = 1;
+	if (cfg->hub.queue_max == 0) {
+		fprintf(stderr, "histd: subscriber-queue must be at least 1\n");
+		return -1;
+	}
+	if (cfg->service.max_messages_per_append == 0 ||
+	    cfg->service.max_page_size == 0) {
+		fprintf(stderr, "histd: max-messages-per-append and "
+			"max-page-size must be at least 1\n");
+		return -1;
+	}
+	return 0;
+}
+
+void
+histd_config_free(histd_config *cfg)
+{
+	for (size_t i = 0; i < N_OPTS; i++)
+		if (opts[i].type == OPT_STR) {
+			char **p = (char **)((char *)cfg + opts[i].offset);
+
+			free(*p);
+			*p = NULL;
+		}
+	free(cfg->config_file);
+	cfg->config_file = NULL;
+}

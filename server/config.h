@@ -1,0 +1,51 @@
+/*
+ * histd's configuration: one table of options, each settable by a flag
+ * (--max-message-bytes 1048576), an environment variable
+ * (HISTD_MAX_MESSAGE_BYTES) and a key of the YAML file given by --config or
+ * HISTD_CONFIG (max_message_bytes: 1048576). Precedence: flag, then
+ * environment, then file, then the default.
+ */
+#ifndef HISTD_CONFIG_H
+#define HISTD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "hub.h"
+#include "service.h"
+
+typedef struct histd_config {
+	char *config_file;
+	char *listen;            /* host:port */
+	char *port_file;         /* written with the bound port once serving */
+	char *driver;            /* memory | file | postgres */
+	char *data_dir;
+	char *fsync;
+	char *dsn;
+	int pool_size;
+	int threads;             /* completion-queue threads */
+	int posted_calls;        /* requests kept posted per method */
+	uint32_t max_receive_bytes;
+	uint32_t max_concurrent_streams;
+	histd_service_config service;
+	histd_hub_config hub;
+	uint32_t replay_max;     /* messages one Subscribe may replay */
+	int shutdown_grace_s;
+	char *log_level;
+} histd_config;
+
+/*
+ * Fills cfg from defaults, the YAML file, the environment and argv, in
+ * that order of increasing precedence. Returns 0; 1 if --help or --version
+ * was printed (exit 0); -1 after printing a one-line error to stderr (exit
+ * 2). cfg is freed with histd_config_free in every case.
+ */
+int histd_config_load(histd_config *cfg, int argc, char **argv);
+void histd_config_free(histd_config *cfg);
+
+/* The option reference (flags, variables, keys, defaults), as --help
+ * prints it. */
+void histd_config_usage(FILE *out);
+
+#endif

@@ -1,0 +1,129 @@
+/*
+ * The Subscribe hub: fans a session's changes out to its subscribers.
+ *
+ * Changes come from the driver's change hook (histd_hub_notify), in
+ * revision order per session. The hub packs each change once into a
+ * reference-counted HistoryEvent and queues a reference on every subscriber
+ * of that session. Each subscriber has a bounded queue and at most one send
+ * in flight; one that falls behind is ended with HISTD_ELIMIT and the seq to
+ * resume from. Nothing a subscriber does slows appends or other
+ * subscribers: notify never blocks on a subscriber.
+ *
+ * The hub knows no gRPC: the transport gives it a stream as a pair of
+ * callbacks (histd_sub_ops).
+ *
+ * Lifecycle of a subscriber, as the transport drives it:
+ *   histd_hub_subscribe  registers; live events are queued, not sent
+ *   (transport reads the snapshot from the driver, builds replay events)
+ *   histd_hub_start      replay events first, then queued live events with
+ *                        revision > snapshot revision; sending starts
+ *   ops->send / histd_hub_sent   one event at a time
+ *   ops->finish          at most once: overflow, session deleted, shutdown
+ *   histd_hub_unsubscribe  exactly once, when the call is over; frees it
+ */
+#ifndef HISTD_HUB_H
+#define HISTD_HUB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "driver.h"
+
+/* A packed Histd__V1__HistoryEvent, shared by every subscriber it goes to. */
+typedef struct histd_event {
+	int refs;                 /* atomic; histd_event_ref / _unref */
+	enum histd_change_kind kind;
+	uint64_t revision;
+	/* Highest message seq this event carries or accounts for (appended,
+	 * replaced: the last message; cleared: cleared_to_seq); 0 if none. */
+	uint64_t last_seq;
+	size_t len;
+	uint8_t data[];           /* the packed HistoryEvent */
+} histd_event;
+
+void histd_event_ref(histd_event *ev);
+void histd_event_unref(histd_event *ev);
+
+/* Packs a change into an event with one reference; NULL if out of memory
+ * (or if the change carries no records where it needs them). */
+histd_event *histd_event_from_change(const histd_change *c);
+
+/*
+ * Replay events for a subscriber that starts after after_seq, from a
+ * snapshot read (records with seq > after_seq at `revision`):
+ * `replaced` 0: MessagesAppended events of at most `chunk` messages each;
+ * `replaced` 1: one SessionReplaced event with all records (the session was
+ * cleared or replaced after after_seq). Every event carries `revision`.
+ * *out is a malloc'ed array of events, each with one reference; 0 events
+ * when there is nothing to replay (and not replaced). Returns 0 or ENOMEM.
+ */
+int histd_event_replay(const char *session_id, uint64_t revision,
+		       const histd_records *records, int replaced,
+		       uint64_t cleared_to_seq, size_t chunk,
+		       histd_event ***out, size_t *n_out);
+
+typedef struct histd_sub_ops {
+	/* Start sending ev. The hub keeps its reference until histd_hub_sent;
+	 * the transport takes its own if it needs the bytes longer. Never
+	 * called while a send is in flight or after finish. Returns 0 if the
+	 * send started; non-zero if the stream cannot send any more (the hub
+	 * then stops sending to it and waits for unsubscribe). */
+	int (*send)(void *stream, histd_event *ev);
+	/* End the stream: err 0 for OK, or HISTD_ELIMIT (fell behind, with
+	 * resume_after_seq: every message up to it was sent), HISTD_EUNAVAILABLE
+	 * (shutting down). msg is one line. Called at most once; may be called
+	 * while a send is in flight (the transport sends the status after it). */
+	void (*finish)(void *stream, int err, const char *msg,
+		       uint64_t resume_after_seq);
+} histd_sub_ops;
+/* The hub may call send and finish with its own locks held: they must not
+ * call back into the hub on their own thread (other threads may), and the
+ * transport must not hold a lock of its own that those callbacks take when
+ * it calls into the hub. */
+
+typedef struct histd_hub_config {
+	size_t queue_max;          /* events queued per subscriber; > 0 */
+	size_t max_subscribers;    /* in total; 0: no limit */
+	size_t max_per_session;    /* per session; 0: no limit */
+} histd_hub_config;
+
+typedef struct histd_hub histd_hub;
+typedef struct histd_sub histd_sub;
+
+int histd_hub_new(histd_hub **out, const histd_hub_config *cfg);
+/* Frees the hub; every subscriber must have been unsubscribed. */
+void histd_hub_free(histd_hub *h);
+
+/* The driver's change hook: histd_driver_set_notify(d, histd_hub_notify,
+ * hub). Fast when nobody subscribes to the session; never blocks on a
+ * subscriber. */
+void histd_hub_notify(void *hub, const histd_change *c);
+
+/* Registers a subscriber of (tenant, session_id). ELIMIT past the
+ * configured counts; EUNAVAILABLE after shutdown. */
+int histd_hub_subscribe(histd_hub *h, const char *tenant,
+			const char *session_id, const histd_sub_ops *ops,
+			void *stream, histd_sub **out);
+
+/* Queues the replay events (taking over their references, not the array,
+ * which the caller frees) in front of the
+ * live ones, drops live events with revision <= snapshot_revision, and
+ * starts sending. Called once, after subscribe. */
+void histd_hub_start(histd_sub *s, histd_event **replay, size_t n,
+		     uint64_t snapshot_revision);
+
+/* The transport: the send started by ops->send completed (ok 0: failed,
+ * the stream is broken). */
+void histd_hub_sent(histd_sub *s, int ok);
+
+/* The transport: the call is over. Exactly once per subscriber, after any
+ * in-flight send completed. Frees the subscriber. */
+void histd_hub_unsubscribe(histd_sub *s);
+
+/* Ends every stream with HISTD_EUNAVAILABLE; later subscribes fail. */
+void histd_hub_shutdown(histd_hub *h);
+
+/* Live subscribers (for metrics and tests). */
+size_t histd_hub_count(histd_hub *h);
+
+#endif

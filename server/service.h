@@ -1,0 +1,98 @@
+/*
+ * The HistoryService RPCs, without gRPC.
+ *
+ * The transport hands each unary call here as the method and the packed
+ * request bytes; the service decodes and validates the request, calls the
+ * driver through its wrappers, and returns the packed response. This keeps
+ * every rule of the API testable without a network, and the transport
+ * generic.
+ *
+ * Thread-safe: any number of threads may call histd_service_unary at once.
+ */
+#ifndef HISTD_SERVICE_H
+#define HISTD_SERVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "driver.h"
+
+enum histd_method {
+	HISTD_M_CREATE_SESSION,
+	HISTD_M_RESOLVE_SESSION,
+	HISTD_M_GET_SESSION,
+	HISTD_M_LIST_SESSIONS,
+	HISTD_M_UPDATE_SESSION,
+	HISTD_M_DELETE_SESSION,
+	HISTD_M_FORK_SESSION,
+	HISTD_M_APPEND,
+	HISTD_M_GET_MESSAGES,
+	HISTD_M_GET_TOOL_RESULT,
+	HISTD_M_CLEAR,
+	HISTD_M_REPLACE,
+	HISTD_M_REDUCE,
+	HISTD_M_EXPORT,
+	HISTD_M_IMPORT,
+	HISTD_M_SUBSCRIBE,      /* server streaming: see server/subscribe.c */
+	HISTD_M_COUNT
+};
+
+/* "/histd.v1.HistoryService/<Name>" for each method. */
+extern const char *const histd_method_paths[HISTD_M_COUNT];
+/* "<Name>" for each method (logs, metrics). */
+extern const char *const histd_method_names[HISTD_M_COUNT];
+/* Whether a method changes storage (a read-only caller may not call it). */
+int histd_method_writes(enum histd_method m);
+
+typedef struct histd_service_config {
+	uint32_t max_messages_per_append;  /* default 1000 */
+	uint32_t max_message_bytes;        /* one packed Message; default 1 MiB */
+	uint32_t max_page_size;            /* GetMessages / ListSessions; 1000 */
+	int64_t idempotency_ttl_us;        /* how long keys are kept; 24 h */
+} histd_service_config;
+
+/* Fills the defaults above. */
+void histd_service_config_default(histd_service_config *cfg);
+
+/* Who is calling: the tenant every session lookup is scoped to. */
+typedef struct histd_caller {
+	const char *tenant;
+	int read_only;
+} histd_caller;
+
+/* The answer to one unary call. */
+typedef struct histd_reply {
+	/* The packed response, malloc'ed (freed with free() by the
+	 * transport). Set only on success. */
+	uint8_t *data;
+	size_t len;
+	/* With HISTD_ECONFLICT: the session's current revision, which the
+	 * transport sends as trailing metadata "histd-revision". */
+	uint64_t current_revision;
+} histd_reply;
+
+typedef struct histd_service histd_service;
+
+/* The driver is borrowed and must outlive the service. */
+int histd_service_new(histd_service **out, histd_driver *d,
+		      const histd_service_config *cfg);
+void histd_service_free(histd_service *s);
+
+histd_driver *histd_service_driver(histd_service *s);
+const histd_service_config *histd_service_get_config(histd_service *s);
+
+/*
+ * Runs one unary method on a packed request. Returns 0 with reply->data set,
+ * or a negative HISTD_E* code with the thread's error message naming what
+ * is wrong (EINVALID for a request that does not decode: "request does not
+ * decode as histd.v1.AppendRequest"). m must not be HISTD_M_SUBSCRIBE.
+ */
+int histd_service_unary(histd_service *s, enum histd_method m,
+			const histd_caller *who, const uint8_t *req,
+			size_t len, histd_reply *reply);
+
+/* Checks a session id: 1..128 characters of [A-Za-z0-9._:-]. EINVALID
+ * naming `field` otherwise. */
+int histd_check_session_id(const char *id, const char *field);
+
+#endif

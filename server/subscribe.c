@@ -1,0 +1,318 @@
+/*
+ * Subscribe: a server-streaming call glued to the hub.
+ *
+ * Order at the start, so that the switch from replay to live has no gap
+ * and no duplicate: register with the hub first (live events queue up),
+ * then read the snapshot from the driver (which reports the revision it
+ * read at), then hand the replay to the hub, which drops the queued live
+ * events the snapshot already holds.
+ *
+ * One SEND_MESSAGE at a time (gRPC core refuses a second and leaves the
+ * slot busy for good): the hub calls stream_send only when no send is in
+ * flight, and we track it under the call's mutex anyway. The status goes
+ * out after the send in flight, if any, completes.
+ *
+ * Lock order: hub locks, then the call's mutex (the hub calls stream_send
+ * and stream_finish with its locks held). So nothing here calls into the
+ * hub while holding the call's mutex.
+ */
+#include <grpc/support/alloc.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "call.h"
+#include "histd/v1/histd.pb-c.h"
+#include "log.h"
+#include "status.h"
+
+#define REPLAY_CHUNK 64
+
+static void
+event_slice_unref(void *ev)
+{
+	histd_event_unref(ev);
+}
+
+/* With c->mu held and no send in flight. */
+static void
+start_status(struct histd_call *c)
+{
+	grpc_op ops[2];
+	size_t n = 0;
+	grpc_call_error err;
+
+	memset(ops, 0, sizeof(ops));
+	c->status_started = 1;
+	if (!c->md_sent) {
+		ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+		c->md_sent = 1;
+	}
+	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+	ops[n].data.send_status_from_server.status = c->st_code;
+	if (c->has_details)
+		ops[n].data.send_status_from_server.status_details =
+			&c->status_details;
+	if (c->trailer_val[0]) {
+		ops[n].data.send_status_from_server.trailing_metadata_count = 1;
+		ops[n].data.send_status_from_server.trailing_metadata = c->trailer;
+	}
+	n++;
+	histd_call_ref(c);
+	err = grpc_call_start_batch(c->call, ops, n, &c->t_status, NULL);
+	if (err != GRPC_CALL_OK) {
+		histd_log(HISTD_LOG_ERROR, "start_batch (status) failed",
+			  "error", grpc_call_error_to_string(err), NULL);
+		histd_call_unref(c);
+	}
+}
+
+/* Records the final status and sends it now or after the send in flight.
+ * With c->mu held. */
+static void
+set_status(struct histd_call *c, grpc_status_code code, const char *msg,
+	   const char *trailer_key, uint64_t trailer_num)
+{
+	if (c->status_started || c->finish_pending)
+		return;
+	c->st_code = code;
+	if (msg && *msg) {
+		c->status_details = grpc_slice_from_copied_string(msg);
+		c->has_details = 1;
+	}
+	if (trailer_key) {
+		snprintf(c->trailer_val, sizeof(c->trailer_val), "%" PRIu64,
+			 trailer_num);
+		c->trailer[0].key = grpc_slice_from_static_string(trailer_key);
+		c->trailer[0].value = grpc_slice_from_static_string(c->trailer_val);
+	}
+	if (c->in_flight)
+		c->finish_pending = 1;
+	else
+		start_status(c);
+}
+
+static int
+stream_send(void *stream, histd_event *ev)
+{
+	struct histd_call *c = stream;
+	grpc_op ops[2];
+	size_t n = 0;
+	grpc_slice sl;
+	grpc_call_error err;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->closed || c->status_started || c->finish_pending ||
+	    c->in_flight) {
+		pthread_mutex_unlock(&c->mu);
+		return -1;
+	}
+	histd_event_ref(ev);
+	sl = grpc_slice_new_with_user_data(ev->data, ev->len,
+					   event_slice_unref, ev);
+	c->send_buf = grpc_raw_byte_buffer_create(&sl, 1);
+	grpc_slice_unref(sl);
+	memset(ops, 0, sizeof(ops));
+	if (!c->md_sent) {
+		ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+		c->md_sent = 1;
+	}
+	ops[n].op = GRPC_OP_SEND_MESSAGE;
+	ops[n].data.send_message.send_message = c->send_buf;
+	n++;
+	histd_call_ref(c);
+	c->in_flight = 1;
+	err = grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL);
+	if (err != GRPC_CALL_OK) {
+		c->in_flight = 0;
+		grpc_byte_buffer_destroy(c->send_buf);
+		c->send_buf = NULL;
+		pthread_mutex_unlock(&c->mu);
+		histd_call_unref(c);
+		return -1;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return 0;
+}
+
+static void
+stream_finish(void *stream, int err, const char *msg, uint64_t resume_after_seq)
+{
+	struct histd_call *c = stream;
+
+	pthread_mutex_lock(&c->mu);
+	/* The hub counts what it delivered; the client had after_seq. */
+	if (resume_after_seq < c->after_seq)
+		resume_after_seq = c->after_seq;
+	set_status(c, histd_status_from_error(err), msg,
+		   err == HISTD_ELIMIT ? "histd-resume-after-seq" : NULL,
+		   resume_after_seq);
+	pthread_mutex_unlock(&c->mu);
+}
+
+static const histd_sub_ops sub_ops = {
+	.send = stream_send,
+	.finish = stream_finish,
+};
+
+/* Unsubscribes once the call is over and no send or hub call is pending:
+ * after it the hub forgets the stream and never calls it again. */
+static void
+maybe_unsubscribe(struct histd_call *c)
+{
+	histd_sub *sub = NULL;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->closed && !c->in_flight && !c->hub_calling && c->sub &&
+	    !c->unsubscribed) {
+		c->unsubscribed = 1;
+		sub = c->sub;
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (sub)
+		histd_hub_unsubscribe(sub);
+}
+
+/* Ends a call that never reached the hub. */
+static void
+fail(struct histd_call *c, int err)
+{
+	pthread_mutex_lock(&c->mu);
+	set_status(c, histd_status_from_error(err), histd_error_message(),
+		   NULL, 0);
+	pthread_mutex_unlock(&c->mu);
+}
+
+void
+histd_subscribe_begin(struct histd_call *c)
+{
+	struct histd_server *s = c->srv;
+	Histd__V1__SubscribeRequest *req = NULL;
+	histd_read q = { 0 };
+	histd_read_result res = { 0 };
+	histd_event **replay = NULL;
+	size_t n_replay = 0;
+	uint64_t snapshot_revision = 0;
+	grpc_op op;
+	grpc_slice bytes;
+	histd_sub *sub = NULL;
+	int rc;
+
+	/* Learn of cancellation, deadline and the end of the call. */
+	memset(&op, 0, sizeof(op));
+	op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+	op.data.recv_close_on_server.cancelled = &c->cancelled;
+	histd_call_ref(c);
+	if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) !=
+	    GRPC_CALL_OK) {
+		histd_call_unref(c);
+		return;
+	}
+
+	if (histd_call_request_bytes(c, &bytes) != 0) {
+		fail(c, histd_error_set(HISTD_EINVALID, "request has no message"));
+		return;
+	}
+	req = histd__v1__subscribe_request__unpack(NULL, GRPC_SLICE_LENGTH(bytes),
+						   GRPC_SLICE_START_PTR(bytes));
+	grpc_slice_unref(bytes);
+	if (!req) {
+		fail(c, histd_error_set(HISTD_EINVALID, "request does not decode "
+					"as histd.v1.SubscribeRequest"));
+		return;
+	}
+	rc = histd_check_session_id(req->session_id, "session_id");
+	if (rc != 0)
+		goto out_fail;
+	c->after_seq = req->after_seq;
+
+	/* Without authentication every call is the tenant "default". */
+	rc = histd_hub_subscribe(s->hub, "default", req->session_id, &sub_ops,
+				 c, &sub);
+	if (rc != 0)
+		goto out_fail;
+
+	q.tenant = "default";
+	q.session_id = req->session_id;
+	q.after_seq = req->after_seq;
+	q.limit = s->cfg->replay_max + 1;
+	rc = histd_driver_read(histd_service_driver(s->svc), &q, &res);
+	if (rc == 0 && res.records.n > s->cfg->replay_max)
+		rc = histd_error_set(HISTD_ELIMIT, "replay of more than %" PRIu32
+				     " messages; read them with GetMessages and "
+				     "subscribe from a later after_seq",
+				     s->cfg->replay_max);
+	snapshot_revision = res.revision;
+	if (rc == 0)
+		rc = histd_event_replay(req->session_id, res.revision,
+					&res.records,
+					res.cleared_to_seq > req->after_seq,
+					res.cleared_to_seq, REPLAY_CHUNK,
+					&replay, &n_replay);
+	histd_read_result_clear(&res);
+	if (rc != 0) {
+		/* Never started: nothing was sent, so unsubscribe now. */
+		histd_hub_unsubscribe(sub);
+		goto out_fail;
+	}
+
+	pthread_mutex_lock(&c->mu);
+	c->sub = sub;
+	pthread_mutex_unlock(&c->mu);
+	histd__v1__subscribe_request__free_unpacked(req, NULL);
+	histd_hub_start(sub, replay, n_replay, snapshot_revision);
+	free(replay);
+	/* The client may have gone while we read the snapshot. */
+	maybe_unsubscribe(c);
+	return;
+
+out_fail:
+	histd__v1__subscribe_request__free_unpacked(req, NULL);
+	fail(c, rc);
+}
+
+void
+histd_subscribe_on_send(struct histd_call *c, int ok)
+{
+	histd_sub *sub = NULL;
+
+	pthread_mutex_lock(&c->mu);
+	c->in_flight = 0;
+	grpc_byte_buffer_destroy(c->send_buf);
+	c->send_buf = NULL;
+	if (c->finish_pending) {
+		c->finish_pending = 0;
+		start_status(c);
+	}
+	if (c->sub && !c->unsubscribed) {
+		sub = c->sub;
+		c->hub_calling = 1;
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (sub) {
+		histd_hub_sent(sub, ok);
+		pthread_mutex_lock(&c->mu);
+		c->hub_calling = 0;
+		pthread_mutex_unlock(&c->mu);
+	}
+	maybe_unsubscribe(c);
+	histd_call_unref(c);
+}
+
+void
+histd_subscribe_on_close(struct histd_call *c)
+{
+	pthread_mutex_lock(&c->mu);
+	c->closed = 1;
+	pthread_mutex_unlock(&c->mu);
+	maybe_unsubscribe(c);
+	histd_call_unref(c);
+}
+
+void
+histd_subscribe_on_status(struct histd_call *c, int ok)
+{
+	(void)ok;
+	histd_call_unref(c);
+}

@@ -1,0 +1,562 @@
+/*
+ * gRPC transport on gRPC C core 1.51.
+ *
+ * One completion queue, served by cfg->threads threads calling
+ * grpc_completion_queue_next. Every method is registered; for each, a few
+ * requests are kept posted (re-posted before a new call is handled), plus
+ * one unregistered request so that unknown methods get UNIMPLEMENTED at
+ * once instead of hanging until the client's deadline.
+ *
+ * Unary calls are answered inline on the queue thread that received them:
+ * the service does its work synchronously and the answer goes out in one
+ * batch (RECV_CLOSE_ON_SERVER + initial metadata + message + status).
+ * Subscribe streams live in subscribe.c.
+ */
+#include "transport.h"
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "call.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "log.h"
+#include "status.h"
+
+#define HEALTH_CHECK_PATH "/grpc.health.v1.Health/Check"
+
+struct route_entry {
+	const char *path;
+	enum histd_route route;
+	int method;             /* enum histd_method for HistoryService */
+	void *handle;           /* from grpc_server_register_method */
+};
+
+/* Built at start from histd_method_paths plus the health service. */
+#define MAX_ROUTES (HISTD_M_COUNT + 1)
+static struct route_entry routes[MAX_ROUTES];
+static int n_routes;
+
+static void post_registered(struct histd_server *s, int r);
+static void post_unknown(struct histd_server *s);
+
+/* ---------------------------------------------------------------------- */
+/* Call contexts                                                           */
+
+static struct histd_call *
+call_new(struct histd_server *s, enum histd_route route, int method)
+{
+	struct histd_call *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->srv = s;
+	c->route = route;
+	c->method = method;
+	atomic_init(&c->refs, 1);
+	grpc_metadata_array_init(&c->md);
+	grpc_call_details_init(&c->details);
+	pthread_mutex_init(&c->mu, NULL);
+	c->t_new = (struct histd_tag){ TAG_NEW, c };
+	c->t_done = (struct histd_tag){ TAG_DONE, c };
+	c->t_close = (struct histd_tag){ TAG_CLOSE, c };
+	c->t_send = (struct histd_tag){ TAG_SEND, c };
+	c->t_status = (struct histd_tag){ TAG_STATUS, c };
+	pthread_mutex_lock(&s->live_mu);
+	s->live++;
+	pthread_mutex_unlock(&s->live_mu);
+	return c;
+}
+
+void
+histd_call_ref(struct histd_call *c)
+{
+	atomic_fetch_add(&c->refs, 1);
+}
+
+void
+histd_call_unref(struct histd_call *c)
+{
+	struct histd_server *s = c->srv;
+
+	if (atomic_fetch_sub(&c->refs, 1) != 1)
+		return;
+	if (c->call)
+		grpc_call_unref(c->call);
+	if (c->payload)
+		grpc_byte_buffer_destroy(c->payload);
+	if (c->resp)
+		grpc_byte_buffer_destroy(c->resp);
+	if (c->send_buf)
+		grpc_byte_buffer_destroy(c->send_buf);
+	if (c->has_details)
+		grpc_slice_unref(c->status_details);
+	grpc_metadata_array_destroy(&c->md);
+	grpc_call_details_destroy(&c->details);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+	pthread_mutex_lock(&s->live_mu);
+	if (--s->live == 0)
+		pthread_cond_broadcast(&s->live_cv);
+	pthread_mutex_unlock(&s->live_mu);
+}
+
+int
+histd_call_request_bytes(struct histd_call *c, grpc_slice *out)
+{
+	grpc_byte_buffer *bb = c->payload;
+	grpc_byte_buffer_reader reader;
+
+	if (!bb)
+		return -1;
+	/* One uncompressed slice: use it as it is, no copy. */
+	if (bb->type == GRPC_BB_RAW &&
+	    bb->data.raw.compression == GRPC_COMPRESS_NONE &&
+	    bb->data.raw.slice_buffer.count == 1) {
+		*out = grpc_slice_ref(bb->data.raw.slice_buffer.slices[0]);
+		return 0;
+	}
+	if (!grpc_byte_buffer_reader_init(&reader, bb))
+		return -1;
+	*out = grpc_byte_buffer_reader_readall(&reader);
+	grpc_byte_buffer_reader_destroy(&reader);
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Answers                                                                 */
+
+/*
+ * Sends the whole answer of a unary call in one batch. data (malloc'ed, or
+ * NULL) becomes the response message and is freed by gRPC. A trailer
+ * "histd-revision" goes with ABORTED.
+ */
+static void
+answer(struct histd_call *c, uint8_t *data, size_t len, grpc_status_code code,
+       const char *details, const char *trailer_key, uint64_t trailer_num)
+{
+	grpc_op ops[4];
+	size_t n = 0;
+	grpc_call_error err;
+
+	memset(ops, 0, sizeof(ops));
+	ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+	ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+	n++;
+	ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+	n++;
+	if (data) {
+		grpc_slice sl = grpc_slice_new(data, len, free);
+
+		c->resp = grpc_raw_byte_buffer_create(&sl, 1);
+		grpc_slice_unref(sl);
+		ops[n].op = GRPC_OP_SEND_MESSAGE;
+		ops[n].data.send_message.send_message = c->resp;
+		n++;
+	}
+	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+	ops[n].data.send_status_from_server.status = code;
+	if (details && *details) {
+		c->status_details = grpc_slice_from_copied_string(details);
+		c->has_details = 1;
+		ops[n].data.send_status_from_server.status_details =
+			&c->status_details;
+	}
+	if (trailer_key) {
+		snprintf(c->trailer_val, sizeof(c->trailer_val), "%" PRIu64,
+			 trailer_num);
+		c->trailer[0].key = grpc_slice_from_static_string(trailer_key);
+		c->trailer[0].value = grpc_slice_from_static_string(c->trailer_val);
+		ops[n].data.send_status_from_server.trailing_metadata_count = 1;
+		ops[n].data.send_status_from_server.trailing_metadata = c->trailer;
+	}
+	n++;
+	histd_call_ref(c);
+	err = grpc_call_start_batch(c->call, ops, n, &c->t_done, NULL);
+	if (err != GRPC_CALL_OK) {
+		histd_log(HISTD_LOG_ERROR, "start_batch failed", "error",
+			  grpc_call_error_to_string(err), NULL);
+		histd_call_unref(c);
+	}
+}
+
+static int
+deadline_passed(struct histd_call *c)
+{
+	gpr_timespec now = gpr_now(c->deadline.clock_type);
+
+	return gpr_time_cmp(c->deadline, now) < 0;
+}
+
+/* The caller's identity. Until authentication lands every call belongs to
+ * the tenant "default". */
+static void
+resolve_caller(struct histd_call *c, histd_caller *who)
+{
+	(void)c;
+	who->tenant = "default";
+	who->read_only = 0;
+}
+
+static void
+handle_unary(struct histd_call *c)
+{
+	histd_reply reply = { 0 };
+	histd_caller who;
+	grpc_slice req;
+	int rc;
+
+	if (deadline_passed(c)) {
+		answer(c, NULL, 0, GRPC_STATUS_DEADLINE_EXCEEDED,
+		       "deadline passed before the call was handled", NULL, 0);
+		return;
+	}
+	if (histd_call_request_bytes(c, &req) != 0) {
+		answer(c, NULL, 0, GRPC_STATUS_INVALID_ARGUMENT,
+		       "request has no message", NULL, 0);
+		return;
+	}
+	resolve_caller(c, &who);
+	histd_error_clear();
+	rc = histd_service_unary(c->srv->svc, (enum histd_method)c->method,
+				 &who, GRPC_SLICE_START_PTR(req),
+				 GRPC_SLICE_LENGTH(req), &reply);
+	grpc_slice_unref(req);
+	if (rc == 0) {
+		answer(c, reply.data, reply.len, GRPC_STATUS_OK, NULL, NULL, 0);
+		return;
+	}
+	free(reply.data);
+	if (rc != HISTD_EINVALID && rc != HISTD_ENOTFOUND &&
+	    rc != HISTD_ECONFLICT && rc != HISTD_EEXISTS &&
+	    rc != HISTD_EPRECONDITION && rc != HISTD_ELIMIT &&
+	    rc != HISTD_EUNIMPL)
+		histd_log(HISTD_LOG_WARN, "call failed",
+			  "method", histd_method_names[c->method],
+			  "code", histd_error_name(rc),
+			  "error", histd_error_message(), NULL);
+	answer(c, NULL, 0, histd_status_from_error(rc), histd_error_message(),
+	       rc == HISTD_ECONFLICT ? "histd-revision" : NULL,
+	       reply.current_revision);
+}
+
+static void
+handle_health_check(struct histd_call *c)
+{
+	Grpc__Health__V1__HealthCheckRequest *req;
+	Grpc__Health__V1__HealthCheckResponse resp =
+		GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+	grpc_slice bytes;
+	uint8_t *out;
+	size_t len;
+	int known;
+
+	if (histd_call_request_bytes(c, &bytes) != 0) {
+		answer(c, NULL, 0, GRPC_STATUS_INVALID_ARGUMENT,
+		       "request has no message", NULL, 0);
+		return;
+	}
+	req = grpc__health__v1__health_check_request__unpack(
+		NULL, GRPC_SLICE_LENGTH(bytes), GRPC_SLICE_START_PTR(bytes));
+	grpc_slice_unref(bytes);
+	if (!req) {
+		answer(c, NULL, 0, GRPC_STATUS_INVALID_ARGUMENT,
+		       "request does not decode as grpc.health.v1.HealthCheckRequest",
+		       NULL, 0);
+		return;
+	}
+	known = req->service[0] == '\0' ||
+		strcmp(req->service, "histd.v1.HistoryService") == 0;
+	grpc__health__v1__health_check_request__free_unpacked(req, NULL);
+	if (!known) {
+		answer(c, NULL, 0, GRPC_STATUS_NOT_FOUND, "unknown service",
+		       NULL, 0);
+		return;
+	}
+	resp.status = atomic_load(&c->srv->shutting_down) ||
+			      histd_driver_ping(histd_service_driver(c->srv->svc)) != 0 ?
+		GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING :
+		GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+	len = grpc__health__v1__health_check_response__get_packed_size(&resp);
+	out = malloc(len ? len : 1);
+	if (!out) {
+		answer(c, NULL, 0, GRPC_STATUS_RESOURCE_EXHAUSTED,
+		       "out of memory", NULL, 0);
+		return;
+	}
+	grpc__health__v1__health_check_response__pack(&resp, out);
+	answer(c, out, len, GRPC_STATUS_OK, NULL, NULL, 0);
+}
+
+static void
+handle_unknown(struct histd_call *c)
+{
+	char msg[160];
+	size_t len = GRPC_SLICE_LENGTH(c->details.method);
+
+	if (len > 100)
+		len = 100;
+	snprintf(msg, sizeof(msg), "unknown method %.*s", (int)len,
+		 (const char *)GRPC_SLICE_START_PTR(c->details.method));
+	answer(c, NULL, 0, GRPC_STATUS_UNIMPLEMENTED, msg, NULL, 0);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The completion queue                                                    */
+
+static void
+on_new_call(struct histd_call *c, int ok)
+{
+	struct histd_server *s = c->srv;
+
+	if (!ok) {
+		/* The server is shutting down: the posted request failed. */
+		histd_call_unref(c);
+		return;
+	}
+	/* Keep the same number of requests posted for this method. */
+	if (!atomic_load(&s->shutting_down)) {
+		if (c->route == ROUTE_UNKNOWN)
+			post_unknown(s);
+		else
+			post_registered(s, c->method);
+	}
+	switch (c->route) {
+	case ROUTE_UNARY:
+		handle_unary(c);
+		break;
+	case ROUTE_SUBSCRIBE:
+		histd_subscribe_begin(c);
+		break;
+	case ROUTE_HEALTH_CHECK:
+		handle_health_check(c);
+		break;
+	case ROUTE_UNKNOWN:
+		handle_unknown(c);
+		break;
+	}
+	histd_call_unref(c);
+}
+
+static void
+dispatch(struct histd_tag *t, int ok)
+{
+	struct histd_call *c = t->call;
+
+	switch (t->kind) {
+	case TAG_NEW:
+		on_new_call(c, ok);
+		break;
+	case TAG_DONE:
+		histd_call_unref(c);
+		break;
+	case TAG_CLOSE:
+		histd_subscribe_on_close(c);
+		break;
+	case TAG_SEND:
+		histd_subscribe_on_send(c, ok);
+		break;
+	case TAG_STATUS:
+		histd_subscribe_on_status(c, ok);
+		break;
+	}
+}
+
+static void *
+cq_thread(void *arg)
+{
+	struct histd_server *s = arg;
+
+	for (;;) {
+		grpc_event ev = grpc_completion_queue_next(
+			s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+
+		if (ev.type == GRPC_QUEUE_SHUTDOWN)
+			break;
+		if (ev.type == GRPC_OP_COMPLETE)
+			dispatch(ev.tag, ev.success);
+	}
+	return NULL;
+}
+
+/* Route table index r (HistoryService methods first, then health). */
+static void
+post_registered(struct histd_server *s, int r)
+{
+	struct histd_call *c = call_new(s, routes[r].route, r);
+	grpc_call_error err;
+
+	if (!c)
+		return;
+	err = grpc_server_request_registered_call(
+		s->server, routes[r].handle, &c->call, &c->deadline, &c->md,
+		&c->payload, s->cq, s->cq, &c->t_new);
+	if (err != GRPC_CALL_OK) {
+		if (!atomic_load(&s->shutting_down))
+			histd_log(HISTD_LOG_ERROR, "request_registered_call failed",
+				  "error", grpc_call_error_to_string(err), NULL);
+		histd_call_unref(c);
+	}
+}
+
+static void
+post_unknown(struct histd_server *s)
+{
+	struct histd_call *c = call_new(s, ROUTE_UNKNOWN, -1);
+	grpc_call_error err;
+
+	if (!c)
+		return;
+	err = grpc_server_request_call(s->server, &c->call, &c->details, &c->md,
+				       s->cq, s->cq, &c->t_new);
+	if (err != GRPC_CALL_OK)
+		histd_call_unref(c);
+}
+
+static void
+build_routes(void)
+{
+	n_routes = 0;
+	for (int m = 0; m < HISTD_M_COUNT; m++) {
+		routes[n_routes].path = histd_method_paths[m];
+		routes[n_routes].route = m == HISTD_M_SUBSCRIBE ?
+			ROUTE_SUBSCRIBE : ROUTE_UNARY;
+		routes[n_routes].method = m;
+		n_routes++;
+	}
+	routes[n_routes].path = HEALTH_CHECK_PATH;
+	routes[n_routes].route = ROUTE_HEALTH_CHECK;
+	routes[n_routes].method = -1;
+	n_routes++;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Start and stop                                                          */
+
+int
+histd_server_start(histd_server **out, const histd_config *cfg,
+		   histd_service *svc, histd_hub *hub, int *bound_port)
+{
+	struct histd_server *s = calloc(1, sizeof(*s));
+	grpc_server_credentials *creds;
+	grpc_arg args[2];
+	grpc_channel_args chargs;
+	int port;
+
+	if (!s)
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	s->cfg = cfg;
+	s->svc = svc;
+	s->hub = hub;
+	atomic_init(&s->shutting_down, 0);
+	pthread_mutex_init(&s->live_mu, NULL);
+	pthread_cond_init(&s->live_cv, NULL);
+
+	args[0].type = GRPC_ARG_INTEGER;
+	args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+	args[0].value.integer = (int)(cfg->max_receive_bytes > INT32_MAX ?
+				      INT32_MAX : cfg->max_receive_bytes);
+	args[1].type = GRPC_ARG_INTEGER;
+	args[1].key = GRPC_ARG_MAX_CONCURRENT_STREAMS;
+	args[1].value.integer = (int)(cfg->max_concurrent_streams > INT32_MAX ?
+				      INT32_MAX : cfg->max_concurrent_streams);
+	chargs.num_args = 2;
+	chargs.args = args;
+
+	s->cq = grpc_completion_queue_create_for_next(NULL);
+	s->server = grpc_server_create(&chargs, NULL);
+	grpc_server_register_completion_queue(s->server, s->cq, NULL);
+	build_routes();
+	for (int r = 0; r < n_routes; r++)
+		routes[r].handle = grpc_server_register_method(
+			s->server, routes[r].path, NULL,
+			GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+
+	creds = grpc_insecure_server_credentials_create();
+	port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
+	grpc_server_credentials_release(creds);
+	if (port == 0) {
+		grpc_server_destroy(s->server);
+		grpc_completion_queue_shutdown(s->cq);
+		while (grpc_completion_queue_next(s->cq,
+			gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+		       GRPC_QUEUE_SHUTDOWN)
+			;
+		grpc_completion_queue_destroy(s->cq);
+		free(s);
+		return histd_error_set(HISTD_EINVALID,
+				       "cannot listen on %s", cfg->listen);
+	}
+	grpc_server_start(s->server);
+
+	for (int r = 0; r < n_routes; r++)
+		for (int i = 0; i < cfg->posted_calls; i++)
+			post_registered(s, r);
+	for (int i = 0; i < cfg->posted_calls; i++)
+		post_unknown(s);
+
+	s->n_threads = cfg->threads;
+	s->threads = calloc((size_t)s->n_threads, sizeof(pthread_t));
+	for (int i = 0; i < s->n_threads; i++)
+		pthread_create(&s->threads[i], NULL, cq_thread, s);
+	*bound_port = port;
+	*out = s;
+	return 0;
+}
+
+void
+histd_server_shutdown(histd_server *s)
+{
+	grpc_completion_queue *scq = grpc_completion_queue_create_for_pluck(NULL);
+	int tag;
+	grpc_event ev;
+	gpr_timespec grace = gpr_time_add(
+		gpr_now(GPR_CLOCK_MONOTONIC),
+		gpr_time_from_seconds(s->cfg->shutdown_grace_s, GPR_TIMESPAN));
+
+	atomic_store(&s->shutting_down, 1);
+	grpc_server_shutdown_and_notify(s->server, scq, &tag);
+	/* Our own long-lived streams would hold the shutdown forever. */
+	histd_hub_shutdown(s->hub);
+	ev = grpc_completion_queue_pluck(scq, &tag, grace, NULL);
+	if (ev.type == GRPC_QUEUE_TIMEOUT) {
+		histd_log(HISTD_LOG_WARN, "grace period over; cancelling calls",
+			  NULL);
+		grpc_server_cancel_all_calls(s->server);
+		grpc_completion_queue_pluck(scq, &tag,
+					    gpr_inf_future(GPR_CLOCK_REALTIME),
+					    NULL);
+	}
+	/* Queue threads keep draining until every call context is freed: a
+	 * batch completing after the queue shut down would abort. */
+	pthread_mutex_lock(&s->live_mu);
+	while (s->live > 0)
+		pthread_cond_wait(&s->live_cv, &s->live_mu);
+	pthread_mutex_unlock(&s->live_mu);
+
+	grpc_server_destroy(s->server);
+	s->server = NULL;
+	grpc_completion_queue_shutdown(s->cq);
+	for (int i = 0; i < s->n_threads; i++)
+		pthread_join(s->threads[i], NULL);
+	grpc_completion_queue_destroy(s->cq);
+	s->cq = NULL;
+	grpc_completion_queue_shutdown(scq);
+	grpc_completion_queue_destroy(scq);
+}
+
+void
+histd_server_free(histd_server *s)
+{
+	if (!s)
+		return;
+	free(s->threads);
+	pthread_mutex_destroy(&s->live_mu);
+	pthread_cond_destroy(&s->live_cv);
+	free(s);
+}
