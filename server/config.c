@@ -45,7 +45,8 @@ static const struct opt opts[] = {
 	{ "pool-size", OPT_INT, OFF(pool_size), "8",
 	  "PostgreSQL connections (postgres driver)" },
 	{ "threads", OPT_INT, OFF(threads), "0",
-	  "threads serving the completion queue (0: 2 per core)" },
+	  "threads serving the completion queue (0: 2 per core; at least\n"
+	  "      32 for the file and postgres drivers, which block)" },
 	{ "posted-calls", OPT_INT, OFF(posted_calls), "16",
 	  "requests kept posted per method" },
 	{ "max-message-bytes", OPT_U32, OFF(max_receive_bytes), "4M",
@@ -394,7 +395,13 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 	if (cfg->threads == 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 
+		/* Calls are answered inline on queue threads. The memory driver
+		 * never blocks, so a few threads per core suffice; the file and
+		 * postgres drivers block on fsync or on the database, and group
+		 * commit needs many callers waiting at once. */
 		cfg->threads = n > 0 ? (int)(2 * n) : 2;
+		if (strcmp(cfg->driver, "memory") != 0 && cfg->threads < 32)
+			cfg->threads = 32;
 	}
 	if (cfg->posted_calls < 1)
 		cfg->posted_calls = 1;

@@ -1,0 +1,164 @@
+/* server/config.c: defaults, YAML file, environment and flags, in that
+ * order of precedence; clear errors for bad input. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+#include "histd_error.h"
+#include "status.h"
+
+static int
+load(histd_config *cfg, int argc, char **argv)
+{
+	return histd_config_load(cfg, argc, argv);
+}
+
+static void
+defaults_apply_without_input(void **state)
+{
+	histd_config cfg;
+	char *argv[] = { "histd" };
+
+	(void)state;
+	unsetenv("HISTD_CONFIG");
+	unsetenv("HISTD_LISTEN");
+	assert_int_equal(load(&cfg, 1, argv), 0);
+	assert_string_equal(cfg.listen, "0.0.0.0:50051");
+	assert_string_equal(cfg.driver, "memory");
+	assert_int_equal(cfg.max_receive_bytes, 4u * 1024 * 1024);
+	assert_int_equal(cfg.service.max_messages_per_append, 1000);
+	assert_int_equal(cfg.service.idempotency_ttl_us, 86400LL * 1000000);
+	assert_int_equal(cfg.hub.queue_max, 1024);
+	assert_true(cfg.threads > 0);
+	histd_config_free(&cfg);
+}
+
+static void
+flag_beats_environment_beats_file(void **state)
+{
+	char path[] = "/tmp/histd-config-XXXXXX";
+	int fd = mkstemp(path);
+	FILE *f = fdopen(fd, "w");
+	histd_config cfg;
+	char *argv[] = { "histd", "--config", path, "--listen", "127.0.0.1:7",
+			 "--subscriber-queue=8" };
+
+	(void)state;
+	fprintf(f, "# histd\nlisten: 127.0.0.1:5\nmax_page_size: 50\n"
+		   "idempotency_ttl: 60\nmax_message_bytes: 2M\n");
+	fclose(f);
+	setenv("HISTD_LISTEN", "127.0.0.1:6", 1);
+	setenv("HISTD_MAX_PAGE_SIZE", "70", 1);
+	assert_int_equal(load(&cfg, 6, argv), 0);
+	assert_string_equal(cfg.listen, "127.0.0.1:7");          /* flag */
+	assert_int_equal(cfg.service.max_page_size, 70);          /* env */
+	assert_int_equal(cfg.service.idempotency_ttl_us, 60000000); /* file */
+	assert_int_equal(cfg.max_receive_bytes, 2u * 1024 * 1024); /* file */
+	assert_int_equal(cfg.hub.queue_max, 8);                   /* flag= */
+	histd_config_free(&cfg);
+	unsetenv("HISTD_LISTEN");
+	unsetenv("HISTD_MAX_PAGE_SIZE");
+	unlink(path);
+}
+
+static void
+bad_input_is_refused(void **state)
+{
+	histd_config cfg;
+	char *unknown[] = { "histd", "--no-such-option", "1" };
+	char *negative[] = { "histd", "--threads", "-3" };
+	char *missing[] = { "histd", "--listen" };
+	char *suffix[] = { "histd", "--max-message-bytes", "4X" };
+	char *zero_queue[] = { "histd", "--subscriber-queue", "0" };
+	char *nofile[] = { "histd", "--config", "/nonexistent/histd.yaml" };
+
+	(void)state;
+	assert_int_equal(load(&cfg, 3, unknown), -1);
+	histd_config_free(&cfg);
+	assert_int_equal(load(&cfg, 3, negative), -1);
+	histd_config_free(&cfg);
+	assert_int_equal(load(&cfg, 2, missing), -1);
+	histd_config_free(&cfg);
+	assert_int_equal(load(&cfg, 3, suffix), -1);
+	histd_config_free(&cfg);
+	assert_int_equal(load(&cfg, 3, zero_queue), -1);
+	histd_config_free(&cfg);
+	assert_int_equal(load(&cfg, 3, nofile), -1);
+	histd_config_free(&cfg);
+}
+
+static void
+unknown_yaml_key_is_refused(void **state)
+{
+	char path[] = "/tmp/histd-config-XXXXXX";
+	int fd = mkstemp(path);
+	FILE *f = fdopen(fd, "w");
+	histd_config cfg;
+	char *argv[] = { "histd", "--config", path };
+
+	(void)state;
+	fprintf(f, "listen: 127.0.0.1:5\nlisen: typo\n");
+	fclose(f);
+	assert_int_equal(load(&cfg, 3, argv), -1);
+	histd_config_free(&cfg);
+	unlink(path);
+}
+
+static void
+help_returns_one(void **state)
+{
+	histd_config cfg;
+	char *argv[] = { "histd", "--help" };
+	FILE *saved = stdout;
+
+	(void)state;
+	stdout = fopen("/dev/null", "w");
+	assert_int_equal(load(&cfg, 2, argv), 1);
+	fclose(stdout);
+	stdout = saved;
+	histd_config_free(&cfg);
+}
+
+static void
+every_error_maps_to_its_status(void **state)
+{
+	(void)state;
+	assert_int_equal(histd_status_from_error(HISTD_OK), GRPC_STATUS_OK);
+	assert_int_equal(histd_status_from_error(HISTD_ENOTFOUND), GRPC_STATUS_NOT_FOUND);
+	assert_int_equal(histd_status_from_error(HISTD_EEXISTS), GRPC_STATUS_ALREADY_EXISTS);
+	assert_int_equal(histd_status_from_error(HISTD_ECONFLICT), GRPC_STATUS_ABORTED);
+	assert_int_equal(histd_status_from_error(HISTD_EINVALID), GRPC_STATUS_INVALID_ARGUMENT);
+	assert_int_equal(histd_status_from_error(HISTD_EPRECONDITION), GRPC_STATUS_FAILED_PRECONDITION);
+	assert_int_equal(histd_status_from_error(HISTD_ELIMIT), GRPC_STATUS_RESOURCE_EXHAUSTED);
+	assert_int_equal(histd_status_from_error(HISTD_EUNAVAILABLE), GRPC_STATUS_UNAVAILABLE);
+	assert_int_equal(histd_status_from_error(HISTD_ECORRUPT), GRPC_STATUS_DATA_LOSS);
+	assert_int_equal(histd_status_from_error(HISTD_EUNAUTH), GRPC_STATUS_UNAUTHENTICATED);
+	assert_int_equal(histd_status_from_error(HISTD_EPERM), GRPC_STATUS_PERMISSION_DENIED);
+	assert_int_equal(histd_status_from_error(HISTD_EUNIMPL), GRPC_STATUS_UNIMPLEMENTED);
+	assert_int_equal(histd_status_from_error(HISTD_EINTERNAL), GRPC_STATUS_INTERNAL);
+	assert_int_equal(histd_status_from_error(-999), GRPC_STATUS_INTERNAL);
+	assert_string_equal(histd_status_name(GRPC_STATUS_ABORTED), "ABORTED");
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(defaults_apply_without_input),
+		cmocka_unit_test(flag_beats_environment_beats_file),
+		cmocka_unit_test(bad_input_is_refused),
+		cmocka_unit_test(unknown_yaml_key_is_refused),
+		cmocka_unit_test(help_returns_one),
+		cmocka_unit_test(every_error_maps_to_its_status),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
