@@ -79,6 +79,7 @@ histd_service_config_default(histd_service_config *cfg)
 	cfg->max_messages_per_append = 1000;
 	cfg->max_message_bytes = 1024 * 1024;
 	cfg->max_page_size = 1000;
+	cfg->max_response_bytes = 4000000;
 	cfg->idempotency_ttl_us = INT64_C(24) * 3600 * 1000000;
 }
 
@@ -109,6 +110,8 @@ histd_service_new(histd_service **out, histd_driver *d,
 		s->cfg = *cfg;
 	else
 		histd_service_config_default(&s->cfg);
+	if (s->cfg.max_response_bytes == 0)
+		s->cfg.max_response_bytes = 4000000;
 	*out = s;
 	return 0;
 }
@@ -1540,7 +1543,7 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 	histd_read q = { .tenant = c->tenant, .session_id = r->session_id };
 	histd_read_result res = { 0 };
 	uint64_t tokens = 0, next = 0;
-	size_t size = 0, o = 0;
+	size_t size = 0, o = 0, first, end;
 	uint8_t *buf;
 	int rc;
 
@@ -1553,20 +1556,35 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 	}
 	if ((rc = histd_driver_read(c->s->d, &q, &res)))
 		return rc;
-	for (size_t i = 0; i < res.records.n; i++) {
+	/* Keep the response within max_response_bytes, what clients accept:
+	 * a page ends early and goes on at next_after_seq; last_n keeps the
+	 * newest messages that fit. At least one message always goes. */
+	first = 0;
+	end = res.records.n;
+	for (size_t k = 0; k < res.records.n; k++) {
+		size_t i = r->last_n ? res.records.n - 1 - k : k;
 		const histd_record *rec = &res.records.v[i];
+		size_t one = 1 + histd_wire_varint_size(rec->len) + rec->len;
 
-		size += 1 + histd_wire_varint_size(rec->len) + rec->len;
+		if (k > 0 && size + one > cfg->max_response_bytes) {
+			if (r->last_n)
+				first = i + 1;
+			else
+				end = i;
+			break;
+		}
+		size += one;
 		tokens += rec->token_estimate;
 	}
-	if (res.has_more && res.records.n)
-		next = res.records.v[res.records.n - 1].seq;
+	if ((res.has_more || end < res.records.n) && end > first &&
+	    !r->last_n)
+		next = res.records.v[end - 1].seq;
 	size += 3 * (1 + HISTD_WIRE_VARINT_MAX);
 	if (!(buf = malloc(size))) {
 		rc = enomem();
 		goto out;
 	}
-	for (size_t i = 0; i < res.records.n; i++) {
+	for (size_t i = first; i < end; i++) {
 		const histd_record *rec = &res.records.v[i];
 
 		o += histd_wire_put_len_key(buf + o, 1, rec->len);

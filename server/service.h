@@ -48,6 +48,8 @@ typedef struct histd_service_config {
 	uint32_t max_messages_per_append;  /* default 1000 */
 	uint32_t max_message_bytes;        /* one packed Message; default 1 MiB */
 	uint32_t max_page_size;            /* GetMessages / ListSessions; 1000 */
+	uint32_t max_response_bytes;       /* one GetMessages page; 4,000,000
+					    * (gRPC clients accept 4 MiB) */
 	int64_t idempotency_ttl_us;        /* how long keys are kept; 24 h */
 } histd_service_config;
 

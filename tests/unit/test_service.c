@@ -1436,6 +1436,48 @@ get_messages_clamps_limit_and_last_n_to_the_page_size(void **state)
 	histd_service_free(s2);
 }
 
+static void
+get_messages_pages_end_at_the_response_size_limit(void **state)
+{
+	histd_service_config small = cfg;
+	histd_service *s2;
+	Histd__V1__GetMessagesResponse *g = NULL;
+	uint64_t after = 0;
+	size_t seen = 0;
+
+	(void)state;
+	create("p");
+	append_n("p", 9);
+	/* Each stored message is ~20 bytes: 50 bytes hold two of them. */
+	small.max_response_bytes = 50;
+	assert_int_equal(histd_service_new(&s2, drv, &small), 0);
+	do {
+		assert_int_equal(get_messages_on(s2, "p",
+						 HISTD__V1__VIEW__VIEW_RAW,
+						 after, 100, 0, &g), 0);
+		assert_true(g->n_messages >= 1 && g->n_messages <= 2);
+		assert_int_equal(g->messages[0]->seq, after + 1);
+		seen += g->n_messages;
+		after = g->next_after_seq;
+	} while (after);
+	assert_int_equal(seen, 9);
+	/* last_n keeps the newest that fit. */
+	assert_int_equal(get_messages_on(s2, "p", HISTD__V1__VIEW__VIEW_RAW,
+					 0, 0, 9, &g), 0);
+	assert_true(g->n_messages >= 1 && g->n_messages <= 2);
+	assert_int_equal(g->messages[g->n_messages - 1]->seq, 9);
+	assert_int_equal(g->next_after_seq, 0);
+	/* One message larger than the limit still goes, alone. */
+	small.max_response_bytes = 1;
+	histd_service_free(s2);
+	assert_int_equal(histd_service_new(&s2, drv, &small), 0);
+	assert_int_equal(get_messages_on(s2, "p", HISTD__V1__VIEW__VIEW_RAW,
+					 0, 100, 0, &g), 0);
+	assert_seqs(g, 1, 1);
+	assert_int_equal(g->next_after_seq, 1);
+	histd_service_free(s2);
+}
+
 /* Packs m into arena bytes. */
 static uint8_t *
 pack_msg(const Histd__V1__Message *m, size_t *len)
@@ -1937,6 +1979,7 @@ main(void)
 		T(an_idempotent_retry_returns_the_first_answer_and_appends_nothing),
 		T(get_messages_pages_by_after_seq_and_limit),
 		T(get_messages_clamps_limit_and_last_n_to_the_page_size),
+		T(get_messages_pages_end_at_the_response_size_limit),
 		T(raw_fast_path_bytes_are_a_valid_response_equal_to_the_stored_messages),
 		T(context_view_equals_raw_until_the_pipeline_lands),
 		T(get_tool_result_returns_the_original_result_and_its_message),
