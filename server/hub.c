@@ -674,10 +674,17 @@ sub_break(histd_sub *s)
 static void
 sub_end(histd_sub *s, int err, const char *msg)
 {
+	uint64_t resume = s->delivered_seq;
+
 	if (s->ended)
 		return;
+	/* The status goes out after the send in flight: the client has that
+	 * event too when it reads the status (if the send fails, the stream
+	 * is broken and no status arrives at all). */
+	if (s->in_flight && s->in_flight->last_seq > resume)
+		resume = s->in_flight->last_seq;
 	sub_break(s);
-	s->ops.finish(s->stream, err, msg, s->delivered_seq);
+	s->ops.finish(s->stream, err, msg, resume);
 }
 
 /* Starts the next send if the subscriber may send and nothing is in

@@ -1,0 +1,221 @@
+/*
+ * A subscriber that stops reading must not slow anyone else: with
+ * --subscriber-queue 8, a subscriber that never reads while ~2000 appends
+ * of 4 KiB go in is ended with RESOURCE_EXHAUSTED and the trailer
+ * "histd-resume-after-seq", appends keep succeeding, and a subscriber that
+ * reads receives everything. Resuming from the trailer's seq gives the
+ * rest without gap.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define N_APPENDS 2000
+#define MESSAGE_BYTES 4096
+/* How far the writer lets the reading subscriber lag: half its queue of 8,
+ * so that it keeps up however the two threads are scheduled. */
+#define READER_LAG 4
+
+static histd_proc *server;
+
+static int setup(void **state)
+{
+	(void)state;
+	static const char *const flags[] = { "--subscriber-queue", "8", NULL };
+	return harness_start(&server, flags);
+}
+
+/* Normally the last test has stopped the server already. */
+static int teardown(void **state)
+{
+	(void)state;
+	int rc = harness_stop(server);
+	server = NULL;
+	return rc;
+}
+
+static void sigterm_stops_the_server_with_exit_status_0(void **state)
+{
+	(void)state;
+	histd_proc *p = server;
+	server = NULL;
+	assert_int_equal(harness_stop(p), 0);
+}
+
+/* A subscriber that reads everything on its own thread; no cmocka asserts
+ * there: it records what it saw. */
+typedef struct reader {
+	pthread_t thread;
+	histd_client_stream *s;
+	uint64_t want_last;
+	_Atomic uint64_t next;       /* the next seq expected */
+	_Atomic int gap;             /* a seq arrived out of order */
+	_Atomic int ended;           /* the stream ended early */
+	_Atomic int timed_out;       /* 30 s of silence */
+} reader;
+
+static void *reader_main(void *arg)
+{
+	reader *r = arg;
+	while (r->next <= r->want_last) {
+		ProtobufCMessage *m = NULL;
+		int res = histd_client_stream_next(
+			r->s, &histd__v1__history_event__descriptor, 30000, &m);
+		if (res == HISTD_STREAM_TIMEOUT) {
+			r->timed_out = 1;
+			return NULL;
+		}
+		if (res != HISTD_STREAM_MESSAGE) {
+			r->ended = 1;
+			return NULL;
+		}
+		Histd__V1__HistoryEvent *ev = (Histd__V1__HistoryEvent *)m;
+		if (ev->event_case == HISTD__V1__HISTORY_EVENT__EVENT_APPENDED) {
+			for (size_t i = 0; i < ev->appended->n_messages; i++) {
+				if (ev->appended->messages[i]->seq != r->next)
+					r->gap = 1;
+				r->next = ev->appended->messages[i]->seq + 1;
+			}
+		} else {
+			r->gap = 1;
+		}
+		histd_client_message_free(m);
+	}
+	return NULL;
+}
+
+static void stalled_subscriber_is_ended_and_nobody_else_waits(void **state)
+{
+	(void)state;
+	histd_client *writer = harness_client(server);
+	/* The stalled subscriber has its own channel, as a separate process
+	 * would. */
+	histd_client *stalled_client = harness_client(server);
+	histd_client *reading_client = harness_client(server);
+	char *id = t_create_session(writer, "slow-1");
+
+	histd_client_stream *stalled = t_subscribe(stalled_client, id, 0);
+	reader r = { .s = t_subscribe(reading_client, id, 0),
+		     .want_last = N_APPENDS, .next = 1 };
+	assert_int_equal(pthread_create(&r.thread, NULL, reader_main, &r), 0);
+
+	/* One 4 KiB message per append. */
+	tarena *a = ta_new();
+	char *text = ta_alloc(a, MESSAGE_BYTES + 1);
+	memset(text, 'm', MESSAGE_BYTES);
+	Histd__V1__Message *m = tm_text(a, HISTD__V1__ROLE__ROLE_USER, text);
+	Histd__V1__AppendRequest req = HISTD__V1__APPEND_REQUEST__INIT;
+	req.session_id = id;
+	req.n_messages = 1;
+	req.messages = &m;
+	int64_t worst = 0, t_start = t_now_ms();
+	histd_status st;
+	histd_status_init(&st);
+	for (int i = 0; i < N_APPENDS; i++) {
+		Histd__V1__AppendResponse *resp = NULL;
+		int64_t t0 = t_now_ms();
+		t_call(writer, "Append", &req,
+		       &histd__v1__append_response__descriptor, &resp, &st);
+		int64_t took = t_now_ms() - t0;
+		worst = took > worst ? took : worst;
+		if (st.code != GRPC_STATUS_OK)
+			fprintf(stderr, "append %d failed\n", i);
+		assert_status(&st, GRPC_STATUS_OK);
+		assert_int_equal(resp->last_seq, (uint64_t)i + 1);
+		histd_client_message_free(&resp->base);
+		histd_status_reset(&st);
+		/* Pace on the reader, never on the stalled subscriber. */
+		int64_t give_up = t_now_ms() + 30000;
+		while (r.next + READER_LAG <= (uint64_t)i + 1 && !r.ended &&
+		       !r.timed_out && t_now_ms() < give_up) {
+			struct timespec ts = { 0, 50 * 1000 };
+			nanosleep(&ts, NULL);
+		}
+	}
+	fprintf(stderr, "%d appends in %lld ms, slowest %lld ms\n", N_APPENDS,
+		(long long)(t_now_ms() - t_start), (long long)worst);
+	/* No append waited on the stalled subscriber (the time includes the
+	 * pacing on the reader). */
+	assert_true(worst < 5000);
+
+	/* The reading subscriber got every message, in order. */
+	pthread_join(r.thread, NULL);
+	if (r.ended)
+		t_print_status("reading subscriber ended",
+			       histd_client_stream_status(r.s));
+	assert_false(r.ended);
+	assert_false(r.timed_out);
+	assert_false(r.gap);
+	assert_int_equal(r.next, N_APPENDS + 1);
+
+	/* The stalled one: whatever the transport had buffered, in order from
+	 * seq 1, then RESOURCE_EXHAUSTED saying where to resume. */
+	uint64_t next = 1;
+	int res;
+	for (;;) {
+		Histd__V1__HistoryEvent *ev = t_next_event(stalled, 30000, &res);
+		if (res != HISTD_STREAM_MESSAGE)
+			break;
+		assert_int_equal(ev->event_case,
+				 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+		for (size_t i = 0; i < ev->appended->n_messages; i++)
+			assert_int_equal(ev->appended->messages[i]->seq, next++);
+		histd_client_message_free(&ev->base);
+	}
+	assert_int_equal(res, HISTD_STREAM_END);
+	const histd_status *fin = histd_client_stream_status(stalled);
+	assert_status(fin, GRPC_STATUS_RESOURCE_EXHAUSTED);
+	const char *resume = histd_status_trailer(fin, "histd-resume-after-seq");
+	if (!resume)
+		t_print_status("no histd-resume-after-seq", fin);
+	assert_non_null(resume);
+	uint64_t resume_after = strtoull(resume, NULL, 10);
+	fprintf(stderr, "stalled subscriber got %llu messages, resume after %llu\n",
+		(unsigned long long)(next - 1), (unsigned long long)resume_after);
+	/* It really fell behind, and the trailer names what it got. */
+	assert_true(resume_after < N_APPENDS);
+	assert_int_equal(resume_after, next - 1);
+
+	/* Resuming there gives the rest, without gap. */
+	histd_client_stream *again = t_subscribe(stalled_client, id, resume_after);
+	while (next <= N_APPENDS) {
+		Histd__V1__HistoryEvent *ev = t_next_event(again, 30000, &res);
+		assert_int_equal(res, HISTD_STREAM_MESSAGE);
+		assert_int_equal(ev->event_case,
+				 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+		for (size_t i = 0; i < ev->appended->n_messages; i++)
+			assert_int_equal(ev->appended->messages[i]->seq, next++);
+		histd_client_message_free(&ev->base);
+	}
+
+	histd_client_stream_close(again);
+	histd_client_stream_close(stalled);
+	histd_client_stream_close(r.s);
+	histd_client_close(reading_client);
+	histd_client_close(stalled_client);
+	histd_client_close(writer);
+	free(id);
+	ta_free(a);
+}
+
+int main(int argc, char **argv)
+{
+	if (harness_init(argc, argv))
+		return 2;
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(stalled_subscriber_is_ended_and_nobody_else_waits),
+		cmocka_unit_test(sigterm_stops_the_server_with_exit_status_0),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

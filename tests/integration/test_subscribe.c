@@ -1,0 +1,508 @@
+/*
+ * Subscribe over a real channel: replay then live without gap or duplicate
+ * under concurrent appends, the Replaced replay after a Clear, every kind
+ * of live event, cancellation by the client, many subscribers, deadlines.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+static histd_proc *server;
+static histd_client *client;
+
+static int setup(void **state)
+{
+	(void)state;
+	if (harness_start(&server, NULL))
+		return -1;
+	client = harness_client(server);
+	return 0;
+}
+
+/* Normally the last test has stopped the server already. */
+static int teardown(void **state)
+{
+	(void)state;
+	histd_client_close(client);
+	client = NULL;
+	int rc = harness_stop(server);
+	server = NULL;
+	return rc;
+}
+
+static void sigterm_stops_the_server_with_exit_status_0(void **state)
+{
+	(void)state;
+	histd_client_close(client);
+	client = NULL;
+	histd_proc *p = server;
+	server = NULL;
+	assert_int_equal(harness_stop(p), 0);
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+
+/* Reads events until the appended seqs reach last_seq, checking that they
+ * continue *next without gap or duplicate and that revisions never go back
+ * (the events of one replay share the snapshot's revision; live events
+ * grow it). Fails on any other event or on 20 s of silence. */
+static void read_appended_until(histd_client_stream *s, uint64_t *next,
+				uint64_t last_seq, uint64_t *revision)
+{
+	while (*next <= last_seq) {
+		int res;
+		Histd__V1__HistoryEvent *ev = t_next_event(s, 20000, &res);
+		if (res != HISTD_STREAM_MESSAGE) {
+			fprintf(stderr, "stream %s waiting for seq %llu\n",
+				res == HISTD_STREAM_TIMEOUT ? "timed out" : "ended",
+				(unsigned long long)*next);
+			if (res == HISTD_STREAM_END)
+				t_print_status("stream status",
+					       histd_client_stream_status(s));
+		}
+		assert_int_equal(res, HISTD_STREAM_MESSAGE);
+		assert_int_equal(ev->event_case,
+				 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+		assert_true(ev->revision >= *revision);
+		*revision = ev->revision;
+		assert_true(ev->appended->n_messages > 0);
+		for (size_t i = 0; i < ev->appended->n_messages; i++) {
+			if (ev->appended->messages[i]->seq != *next)
+				fprintf(stderr, "expected seq %llu, got %llu\n",
+					(unsigned long long)*next,
+					(unsigned long long)ev->appended->messages[i]->seq);
+			assert_int_equal(ev->appended->messages[i]->seq, *next);
+			(*next)++;
+		}
+		histd_client_message_free(&ev->base);
+	}
+}
+
+/* Asserts that nothing arrives within ms. */
+static void expect_silence(histd_client_stream *s, int ms)
+{
+	int res;
+	Histd__V1__HistoryEvent *ev = t_next_event(s, ms, &res);
+	if (ev) {
+		fprintf(stderr, "unexpected event, revision %llu\n",
+			(unsigned long long)ev->revision);
+		histd_client_message_free(&ev->base);
+	}
+	assert_int_equal(res, HISTD_STREAM_TIMEOUT);
+}
+
+/* ------------------------------------------------------------------------
+ * An appender thread: batches of 1..3 messages, no cmocka asserts (they
+ * must run on the test's thread); failures are counted. */
+
+typedef struct appender {
+	pthread_t thread;
+	histd_client *client;
+	const char *session_id;
+	int batches;
+	int delay_every;          /* sleep 1 ms every this many batches */
+	_Atomic uint64_t appended;  /* messages acknowledged */
+	_Atomic int failures;
+} appender;
+
+static void *appender_main(void *arg)
+{
+	appender *ap = arg;
+	for (int i = 0; i < ap->batches; i++) {
+		size_t n = 1 + (size_t)(i % 3);
+		char prefix[32];
+		snprintf(prefix, sizeof(prefix), "batch %d", i);
+		if (t_append_texts(ap->client, ap->session_id, n, prefix, 0,
+				   NULL) == GRPC_STATUS_OK)
+			ap->appended += n;
+		else
+			ap->failures++;
+		if (ap->delay_every && i % ap->delay_every == 0)
+			sleep_ms(1);
+	}
+	return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void replay_then_live_has_no_gap_or_duplicate_under_concurrent_appends(void **state)
+{
+	(void)state;
+	char *id = t_create_session(client, "replay-live");
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(t_append_texts(client, id, 10, "before", 0,
+						NULL),
+				 GRPC_STATUS_OK);
+
+	/* Appends race with the subscribe: some land in the replay, some
+	 * arrive live, some while the server is switching between them. */
+	/* Static: a failed assertion leaves this frame while the thread
+	 * still runs. */
+	static appender ap;
+	ap = (appender){ .client = client, .session_id = id, .batches = 300,
+			 .delay_every = 10 };
+	assert_int_equal(pthread_create(&ap.thread, NULL, appender_main, &ap),
+			 0);
+	sleep_ms(5);
+	histd_client_stream *s = t_subscribe(client, id, 50);
+	uint64_t next = 51, revision = 0;
+	/* Read while the appender runs, then the rest. */
+	read_appended_until(s, &next, 150, &revision);
+	pthread_join(ap.thread, NULL);
+	assert_int_equal(ap.failures, 0);
+	uint64_t last = 100 + ap.appended;
+	read_appended_until(s, &next, last, &revision);
+	assert_int_equal(next, last + 1);
+	expect_silence(s, 300);
+
+	/* A second subscriber from the middle sees the same history. */
+	histd_client_stream *s2 = t_subscribe(client, id, 120);
+	uint64_t next2 = 121, rev2 = 0;
+	read_appended_until(s2, &next2, last, &rev2);
+	assert_int_equal(rev2, revision);
+	expect_silence(s2, 200);
+	histd_client_stream_close(s2);
+	histd_client_stream_close(s);
+	free(id);
+}
+
+static void replay_after_clear_is_one_replaced_event(void **state)
+{
+	(void)state;
+	char *id = t_create_session(client, "replay-clear");
+	assert_int_equal(t_append_texts(client, id, 5, "old", 0, NULL),
+			 GRPC_STATUS_OK);
+	Histd__V1__ClearRequest cl = HISTD__V1__CLEAR_REQUEST__INIT;
+	cl.session_id = id;
+	Histd__V1__ClearResponse *cr = NULL;
+	histd_status st;
+	histd_status_init(&st);
+	t_call(client, "Clear", &cl, &histd__v1__clear_response__descriptor,
+	       &cr, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	assert_int_equal(cr->cleared_to_seq, 5);
+	histd_client_message_free(&cr->base);
+	Histd__V1__AppendResponse *ar = NULL;
+	assert_int_equal(t_append_texts(client, id, 2, "new", 0, &ar),
+			 GRPC_STATUS_OK);
+	uint64_t rev = ar->revision;
+	histd_client_message_free(&ar->base);
+
+	/* The subscriber last saw seq 3, which the Clear removed. */
+	histd_client_stream *s = t_subscribe(client, id, 3);
+	int res;
+	Histd__V1__HistoryEvent *ev = t_next_event(s, 20000, &res);
+	assert_int_equal(res, HISTD_STREAM_MESSAGE);
+	assert_int_equal(ev->event_case,
+			 HISTD__V1__HISTORY_EVENT__EVENT_REPLACED);
+	assert_int_equal(ev->revision, rev);
+	assert_int_equal(ev->replaced->cleared_to_seq, 5);
+	assert_int_equal(ev->replaced->n_messages, 2);
+	assert_int_equal(ev->replaced->messages[0]->seq, 6);
+	assert_int_equal(ev->replaced->messages[1]->seq, 7);
+	assert_string_equal(tm_first_text(ev->replaced->messages[0]), "new 0");
+	histd_client_message_free(&ev->base);
+
+	/* Then live, from seq 8. */
+	assert_int_equal(t_append_texts(client, id, 1, "live", 0, NULL),
+			 GRPC_STATUS_OK);
+	uint64_t next = 8;
+	read_appended_until(s, &next, 8, &rev);
+	expect_silence(s, 200);
+	histd_client_stream_close(s);
+	histd_status_reset(&st);
+	free(id);
+}
+
+static void every_kind_of_change_arrives_live_in_revision_order(void **state)
+{
+	(void)state;
+	tarena *a = ta_new();
+	histd_status st;
+	histd_status_init(&st);
+	char *id = t_create_session(client, "live-kinds");
+	histd_client_stream *s = t_subscribe(client, id, 0);
+	/* Nothing yet: no replay for an empty session. */
+	expect_silence(s, 200);
+
+	assert_int_equal(t_append_texts(client, id, 2, "a", 0, NULL),
+			 GRPC_STATUS_OK);                        /* rev 2 */
+	Histd__V1__ClearRequest cl = HISTD__V1__CLEAR_REQUEST__INIT;
+	cl.session_id = id;
+	ProtobufCMessage *resp = NULL;
+	t_call(client, "Clear", &cl, &histd__v1__clear_response__descriptor,
+	       &resp, &st);                                      /* rev 3 */
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_client_message_free(resp);
+	Histd__V1__ReplaceRequest rp = HISTD__V1__REPLACE_REQUEST__INIT;
+	rp.session_id = id;
+	rp.n_messages = 1;
+	rp.messages = tm_texts(a, 1, "restored");
+	t_call(client, "Replace", &rp, &histd__v1__replace_response__descriptor,
+	       &resp, &st);                                      /* rev 4 */
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_client_message_free(resp);
+	Histd__V1__UpdateSessionRequest u =
+		HISTD__V1__UPDATE_SESSION_REQUEST__INIT;
+	u.session_id = id;
+	Histd__V1__UpdateSessionRequest__LabelsEntry *lb[1] = {
+		tm_entry(a, &histd__v1__update_session_request__labels_entry__descriptor,
+			 "phase", "done") };
+	u.n_labels = 1;
+	u.labels = lb;
+	char *paths[1] = { "labels" };
+	Google__Protobuf__FieldMask mask = GOOGLE__PROTOBUF__FIELD_MASK__INIT;
+	mask.n_paths = 1;
+	mask.paths = paths;
+	u.update_mask = &mask;
+	t_call(client, "UpdateSession", &u, &histd__v1__session__descriptor,
+	       &resp, &st);                                      /* rev 5 */
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_client_message_free(resp);
+	Histd__V1__DeleteSessionRequest d =
+		HISTD__V1__DELETE_SESSION_REQUEST__INIT;
+	d.session_id = id;
+	t_call(client, "DeleteSession", &d,
+	       &histd__v1__delete_session_response__descriptor, &resp, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_client_message_free(resp);
+
+	static const Histd__V1__HistoryEvent__EventCase want[] = {
+		HISTD__V1__HISTORY_EVENT__EVENT_APPENDED,
+		HISTD__V1__HISTORY_EVENT__EVENT_CLEARED,
+		HISTD__V1__HISTORY_EVENT__EVENT_REPLACED,
+		HISTD__V1__HISTORY_EVENT__EVENT_UPDATED,
+		HISTD__V1__HISTORY_EVENT__EVENT_DELETED,
+	};
+	uint64_t last_rev = 1;
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		int res;
+		Histd__V1__HistoryEvent *ev = t_next_event(s, 20000, &res);
+		assert_int_equal(res, HISTD_STREAM_MESSAGE);
+		assert_int_equal(ev->event_case, want[i]);
+		assert_string_equal(ev->session_id, id);
+		assert_true(ev->revision > last_rev);
+		last_rev = ev->revision;
+		switch (ev->event_case) {
+		case HISTD__V1__HISTORY_EVENT__EVENT_APPENDED:
+			assert_int_equal(ev->appended->n_messages, 2);
+			break;
+		case HISTD__V1__HISTORY_EVENT__EVENT_CLEARED:
+			assert_int_equal(ev->cleared->cleared_to_seq, 2);
+			break;
+		case HISTD__V1__HISTORY_EVENT__EVENT_REPLACED:
+			assert_int_equal(ev->replaced->n_messages, 1);
+			assert_int_equal(ev->replaced->messages[0]->seq, 3);
+			assert_string_equal(
+				tm_first_text(ev->replaced->messages[0]),
+				"restored 0");
+			break;
+		case HISTD__V1__HISTORY_EVENT__EVENT_UPDATED:
+			assert_non_null(ev->updated->session);
+			assert_int_equal(ev->updated->session->n_labels, 1);
+			assert_string_equal(
+				ev->updated->session->labels[0]->value, "done");
+			break;
+		default:
+			break;
+		}
+		histd_client_message_free(&ev->base);
+	}
+	/* After the Deleted event the stream ends with OK. */
+	int res;
+	assert_null(t_next_event(s, 20000, &res));
+	assert_int_equal(res, HISTD_STREAM_END);
+	assert_status(histd_client_stream_status(s), GRPC_STATUS_OK);
+	histd_client_stream_close(s);
+	histd_status_reset(&st);
+	free(id);
+	ta_free(a);
+}
+
+static void events_of_other_sessions_do_not_arrive(void **state)
+{
+	(void)state;
+	char *mine = t_create_session(client, "iso-mine");
+	char *other = t_create_session(client, "iso-other");
+	histd_client_stream *s = t_subscribe(client, mine, 0);
+	assert_int_equal(t_append_texts(client, other, 3, "other", 0, NULL),
+			 GRPC_STATUS_OK);
+	expect_silence(s, 300);
+	assert_int_equal(t_append_texts(client, mine, 1, "mine", 0, NULL),
+			 GRPC_STATUS_OK);
+	uint64_t next = 1, rev = 0;
+	read_appended_until(s, &next, 1, &rev);
+	histd_client_stream_close(s);
+	free(mine);
+	free(other);
+}
+
+static void timeout_then_the_stream_goes_on(void **state)
+{
+	(void)state;
+	char *id = t_create_session(client, "quiet");
+	histd_client_stream *s = t_subscribe(client, id, 0);
+	int64_t t0 = t_now_ms();
+	expect_silence(s, 300);
+	int64_t waited = t_now_ms() - t0;
+	assert_true(waited >= 290);
+	assert_true(waited < 5000);
+	/* The read that timed out is still posted: nothing is lost. */
+	assert_int_equal(t_append_texts(client, id, 1, "after", 0, NULL),
+			 GRPC_STATUS_OK);
+	uint64_t next = 1, rev = 0;
+	read_appended_until(s, &next, 1, &rev);
+	histd_client_stream_close(s);
+	free(id);
+}
+
+typedef struct canceller {
+	histd_client_stream *s;
+	int after_ms;
+} canceller;
+
+static void *canceller_main(void *arg)
+{
+	canceller *c = arg;
+	sleep_ms(c->after_ms);
+	histd_client_stream_cancel(c->s);
+	return NULL;
+}
+
+static void client_cancel_ends_the_stream_and_the_server_keeps_serving(void **state)
+{
+	(void)state;
+	char *id = t_create_session(client, "cancel-1");
+	assert_int_equal(t_append_texts(client, id, 3, "x", 0, NULL),
+			 GRPC_STATUS_OK);
+	histd_client_stream *s = t_subscribe(client, id, 0);
+	uint64_t next = 1, rev = 0;
+	read_appended_until(s, &next, 3, &rev);
+
+	/* Cancel from another thread while this one waits for an event. */
+	canceller c = { .s = s, .after_ms = 200 };
+	pthread_t th;
+	assert_int_equal(pthread_create(&th, NULL, canceller_main, &c), 0);
+	int64_t t0 = t_now_ms();
+	int res;
+	assert_null(t_next_event(s, 30000, &res));
+	assert_int_equal(res, HISTD_STREAM_END);
+	assert_true(t_now_ms() - t0 < 10000);
+	pthread_join(th, NULL);
+	assert_status(histd_client_stream_status(s), GRPC_STATUS_CANCELLED);
+	histd_client_stream_close(s);
+
+	/* Several more, cancelled at once, and closed without reading. */
+	for (int i = 0; i < 20; i++) {
+		histd_client_stream *t = t_subscribe(client, id, 0);
+		if (i % 2)
+			histd_client_stream_cancel(t);
+		histd_client_stream_close(t);
+	}
+
+	/* The server goes on: unary calls and a new subscriber work. */
+	assert_int_equal(t_append_texts(client, id, 1, "y", 0, NULL),
+			 GRPC_STATUS_OK);
+	s = t_subscribe(client, id, 2);
+	next = 3;
+	rev = 0;
+	read_appended_until(s, &next, 4, &rev);
+	histd_client_stream_close(s);
+	free(id);
+}
+
+#define N_SUBSCRIBERS 50
+#define N_BATCHES 20
+
+static void fifty_subscribers_all_receive_the_same_events(void **state)
+{
+	(void)state;
+	char *id = t_create_session(client, "many-subs");
+	histd_client_stream *s[N_SUBSCRIBERS];
+	/* Two channels, to have more than one connection in play. */
+	histd_client *other = harness_client(server);
+	for (int i = 0; i < N_SUBSCRIBERS; i++)
+		s[i] = t_subscribe(i % 2 ? other : client, id, 0);
+	/* Make sure every subscriber is registered before the appends: the
+	 * first event each one sees must be seq 1 either way (replay or
+	 * live), so this only spreads the two paths. */
+	assert_int_equal(t_append_texts(client, id, 1, "first", 0, NULL),
+			 GRPC_STATUS_OK);
+	for (int b = 1; b < N_BATCHES; b++)
+		assert_int_equal(t_append_texts(client, id, 2, "more", 0, NULL),
+				 GRPC_STATUS_OK);
+	uint64_t last = 1 + 2 * (N_BATCHES - 1);
+	uint64_t final_rev = 0;
+	for (int i = 0; i < N_SUBSCRIBERS; i++) {
+		uint64_t next = 1, rev = 0;
+		read_appended_until(s[i], &next, last, &rev);
+		if (i == 0)
+			final_rev = rev;
+		assert_int_equal(rev, final_rev);
+		assert_int_equal(next, last + 1);
+	}
+	for (int i = 0; i < N_SUBSCRIBERS; i++)
+		expect_silence(s[i], 20);
+	for (int i = 0; i < N_SUBSCRIBERS; i++)
+		histd_client_stream_close(s[i]);
+	histd_client_close(other);
+	free(id);
+}
+
+static void subscribe_with_a_deadline_ends_deadline_exceeded(void **state)
+{
+	(void)state;
+	char *id = t_create_session(client, "deadline-1");
+	Histd__V1__SubscribeRequest req = HISTD__V1__SUBSCRIBE_REQUEST__INIT;
+	req.session_id = id;
+	histd_client_stream *s = NULL;
+	assert_int_equal(histd_client_stream_open(client, HISTD_PATH("Subscribe"),
+						  &req.base, 300, &s),
+			 0);
+	int res;
+	assert_null(t_next_event(s, 20000, &res));
+	assert_int_equal(res, HISTD_STREAM_END);
+	assert_status(histd_client_stream_status(s),
+		      GRPC_STATUS_DEADLINE_EXCEEDED);
+	/* Reading past the end keeps answering END. */
+	assert_null(t_next_event(s, 100, &res));
+	assert_int_equal(res, HISTD_STREAM_END);
+	histd_client_stream_close(s);
+	/* And the server serves on. */
+	assert_int_equal(t_append_texts(client, id, 1, "z", 0, NULL),
+			 GRPC_STATUS_OK);
+	free(id);
+}
+
+int main(int argc, char **argv)
+{
+	if (harness_init(argc, argv))
+		return 2;
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(replay_then_live_has_no_gap_or_duplicate_under_concurrent_appends),
+		cmocka_unit_test(replay_after_clear_is_one_replaced_event),
+		cmocka_unit_test(every_kind_of_change_arrives_live_in_revision_order),
+		cmocka_unit_test(events_of_other_sessions_do_not_arrive),
+		cmocka_unit_test(timeout_then_the_stream_goes_on),
+		cmocka_unit_test(client_cancel_ends_the_stream_and_the_server_keeps_serving),
+		cmocka_unit_test(fifty_subscribers_all_receive_the_same_events),
+		cmocka_unit_test(subscribe_with_a_deadline_ends_deadline_exceeded),
+		cmocka_unit_test(sigterm_stops_the_server_with_exit_status_0),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
