@@ -54,6 +54,8 @@ struct histd_server {
 	pthread_mutex_t live_mu;
 	pthread_cond_t live_cv;
 	long live;
+	/* Of those, calls a client made that are not finished yet. */
+	long active;
 };
 
 struct histd_call {
@@ -67,6 +69,7 @@ struct histd_call {
 	grpc_byte_buffer *payload;
 	grpc_call_details details;    /* unknown methods only */
 	atomic_int refs;
+	int active;                   /* counted in histd_server.active */
 	struct histd_tag t_new, t_done, t_close, t_send, t_status;
 	int cancelled;                /* out of RECV_CLOSE_ON_SERVER */
 

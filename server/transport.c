@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "call.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -83,9 +84,11 @@ void
 histd_call_unref(struct histd_call *c)
 {
 	struct histd_server *s = c->srv;
+	int active;
 
 	if (atomic_fetch_sub(&c->refs, 1) != 1)
 		return;
+	active = c->active;
 	if (c->call)
 		grpc_call_unref(c->call);
 	if (c->payload)
@@ -101,7 +104,9 @@ histd_call_unref(struct histd_call *c)
 	pthread_mutex_destroy(&c->mu);
 	free(c);
 	pthread_mutex_lock(&s->live_mu);
-	if (--s->live == 0)
+	if (active)
+		s->active--;
+	if (--s->live == 0 || s->active == 0)
 		pthread_cond_broadcast(&s->live_cv);
 	pthread_mutex_unlock(&s->live_mu);
 }
@@ -319,6 +324,10 @@ on_new_call(struct histd_call *c, int ok)
 		histd_call_unref(c);
 		return;
 	}
+	pthread_mutex_lock(&s->live_mu);
+	c->active = 1;
+	s->active++;
+	pthread_mutex_unlock(&s->live_mu);
 	/* Keep the same number of requests posted for this method. */
 	if (!atomic_load(&s->shutting_down)) {
 		if (c->route == ROUTE_UNKNOWN)
@@ -523,10 +532,31 @@ histd_server_shutdown(histd_server *s)
 	grpc_server_shutdown_and_notify(s->server, scq, &tag);
 	/* Our own long-lived streams would hold the shutdown forever. */
 	histd_hub_shutdown(s->hub);
-	ev = grpc_completion_queue_pluck(scq, &tag, grace, NULL);
-	if (ev.type == GRPC_QUEUE_TIMEOUT) {
+	/* Calls in flight finish (up to the grace). Then whatever is left,
+	 * such as idle client connections that would only notice GOAWAY at
+	 * their next poll, is cancelled rather than waited for. */
+	pthread_mutex_lock(&s->live_mu);
+	while (s->active > 0) {
+		gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
+		struct timespec until;
+
+		if (gpr_time_cmp(now, grace) >= 0)
+			break;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += 50 * 1000000;
+		if (until.tv_nsec >= 1000000000) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&s->live_cv, &s->live_mu, &until);
+	}
+	if (s->active > 0)
 		histd_log(HISTD_LOG_WARN, "grace period over; cancelling calls",
 			  NULL);
+	pthread_mutex_unlock(&s->live_mu);
+	ev = grpc_completion_queue_pluck(scq, &tag,
+					 gpr_time_0(GPR_CLOCK_MONOTONIC), NULL);
+	if (ev.type == GRPC_QUEUE_TIMEOUT) {
 		grpc_server_cancel_all_calls(s->server);
 		grpc_completion_queue_pluck(scq, &tag,
 					    gpr_inf_future(GPR_CLOCK_REALTIME),
