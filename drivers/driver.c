@@ -27,8 +27,6 @@ static const struct {
 	histd_driver_open_fn open;
 } registry[] = {
 	{ "memory", histd_memory_driver_open },
-	/* { "file", histd_file_driver_open }, */
-	/* { "postgres", histd_postgres_driver_open }, */
 };
 
 #define N_DRIVERS (sizeof(registry) / sizeof(registry[0]))
@@ -718,10 +716,20 @@ histd_session_list_free(histd_session_list *l)
 	l->has_more = 0;
 }
 
+/* A block of record bytes; blocks are linked newest first from l->mem. */
+struct rec_block {
+	struct rec_block *next;
+	size_t used, cap;
+	_Alignas(16) uint8_t data[];
+};
+
+#define REC_BLOCK_MIN 16384
+
 int
 histd_records_add(histd_records *l, uint64_t seq, uint32_t token_estimate,
 		  const uint8_t *data, size_t len)
 {
+	struct rec_block *b = l->mem;
 	uint8_t *copy;
 
 	if (len > UINT32_MAX)
@@ -735,9 +743,21 @@ histd_records_add(histd_records *l, uint64_t seq, uint32_t token_estimate,
 		l->v = v;
 		l->cap = cap;
 	}
-	copy = malloc(len ? len : 1);
-	if (!copy)
-		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	/* Copies share blocks: a read of many records makes a few
+	 * allocations, not one per record. */
+	if (!b || b->cap - b->used < len) {
+		size_t cap = len > REC_BLOCK_MIN ? len : REC_BLOCK_MIN;
+
+		b = malloc(sizeof(*b) + cap);
+		if (!b)
+			return histd_error_set(HISTD_ENOMEM, "out of memory");
+		b->next = l->mem;
+		b->used = 0;
+		b->cap = cap;
+		l->mem = b;
+	}
+	copy = b->data + b->used;
+	b->used += len;
 	if (len)
 		memcpy(copy, data, len);
 	l->v[l->n++] = (histd_record){
@@ -754,8 +774,12 @@ histd_records_clear(histd_records *l)
 {
 	if (!l)
 		return;
-	for (size_t i = 0; i < l->n; i++)
-		free(l->v[i].data);
+	while (l->mem) {
+		struct rec_block *b = l->mem;
+
+		l->mem = b->next;
+		free(b);
+	}
 	free(l->v);
 	l->v = NULL;
 	l->n = l->cap = 0;

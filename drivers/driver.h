@@ -105,6 +105,9 @@ typedef struct histd_records {
 	histd_record *v;
 	size_t n;
 	size_t cap;
+	/* The copied bytes, in shared blocks (one malloc for many records);
+	 * managed by histd_records_add and histd_records_clear only. */
+	void *mem;
 } histd_records;
 
 /* A tool call id a message issues (tool_call.id) or answers

@@ -90,6 +90,18 @@ histd_tokens_text(const char *s, size_t len)
 		uint32_t cp;
 		size_t n;
 
+		/* Most text is ASCII: take it eight bytes at a time. */
+		while (len - i >= 8) {
+			uint64_t w;
+
+			memcpy(&w, p + i, 8);
+			if (w & UINT64_C(0x8080808080808080))
+				break;
+			q += 8 * Q_ASCII;
+			i += 8;
+		}
+		if (i == len)
+			break;
 		if (p[i] < 0x80) {
 			q += Q_ASCII;
 			i++;
