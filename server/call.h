@@ -16,6 +16,7 @@
 
 #include "config.h"
 #include "hub.h"
+#include "reflection.h"
 #include "service.h"
 
 enum histd_tag_kind {
@@ -24,6 +25,7 @@ enum histd_tag_kind {
 	TAG_CLOSE,      /* RECV_CLOSE_ON_SERVER of a stream completed */
 	TAG_SEND,       /* one streamed message was sent */
 	TAG_STATUS,     /* a stream's status was sent */
+	TAG_RECV,       /* bidi: a message was sent and the next received */
 };
 
 struct histd_call;
@@ -38,6 +40,8 @@ enum histd_route {
 	ROUTE_UNARY,        /* HistoryService unary methods */
 	ROUTE_SUBSCRIBE,
 	ROUTE_HEALTH_CHECK,
+	ROUTE_HEALTH_WATCH,
+	ROUTE_REFLECTION,   /* bidi; v1 and v1alpha share the handler */
 	ROUTE_UNKNOWN,
 };
 
@@ -45,6 +49,7 @@ struct histd_server {
 	const histd_config *cfg;
 	histd_service *svc;
 	histd_hub *hub;
+	histd_reflection *refl;
 	grpc_server *server;
 	grpc_completion_queue *cq;
 	pthread_t *threads;
@@ -54,6 +59,13 @@ struct histd_server {
 	pthread_mutex_t live_mu;
 	pthread_cond_t live_cv;
 	long live;
+	/* Health: serving or not, and the Watch streams that follow it. */
+	pthread_mutex_t health_mu;
+	pthread_cond_t health_cv;
+	atomic_int serving;
+	struct histd_call *watchers;  /* linked by watch_next */
+	pthread_t health_thread;
+	int health_stop;
 	/* Of those, calls a client made that are not finished yet. */
 	long active;
 };
@@ -70,8 +82,9 @@ struct histd_call {
 	grpc_call_details details;    /* unknown methods only */
 	atomic_int refs;
 	int active;                   /* counted in histd_server.active */
-	struct histd_tag t_new, t_done, t_close, t_send, t_status;
+	struct histd_tag t_new, t_done, t_close, t_send, t_status, t_recv;
 	int cancelled;                /* out of RECV_CLOSE_ON_SERVER */
+	grpc_byte_buffer *recv_buf;   /* bidi: the message received */
 
 	/* The answer: alive until the batch that sends it completes. */
 	grpc_byte_buffer *resp;
@@ -93,6 +106,12 @@ struct histd_call {
 	grpc_byte_buffer *send_buf;
 	grpc_status_code st_code;
 	uint64_t after_seq;    /* the request's: the least resume point */
+
+	/* Health Watch, under srv->health_mu. */
+	struct histd_call *watch_next, *watch_prev;
+	int watch_sent;        /* the status last sent (-1: none yet) */
+	int watch_listed;
+	int watch_known;       /* the service asked about exists */
 };
 
 void histd_call_ref(struct histd_call *c);
@@ -101,6 +120,14 @@ void histd_call_unref(struct histd_call *c);
 /* The request bytes of a call (payload), as a slice the caller unrefs;
  * 0, or -1 if there is no payload. */
 int histd_call_request_bytes(struct histd_call *c, grpc_slice *out);
+
+/* health.c: Check answers from srv->serving; Watch streams it. */
+#define HEALTH_WATCH_PATH "/grpc.health.v1.Health/Watch"
+void histd_health_start(struct histd_server *s);
+void histd_health_stop(struct histd_server *s);   /* sends NOT_SERVING */
+void histd_health_watch_begin(struct histd_call *c);
+void histd_health_on_send(struct histd_call *c, int ok);
+void histd_health_on_close(struct histd_call *c);
 
 /* subscribe.c */
 void histd_subscribe_begin(struct histd_call *c);

@@ -30,6 +30,10 @@
 #include "status.h"
 
 #define HEALTH_CHECK_PATH "/grpc.health.v1.Health/Check"
+#define REFLECTION_V1_PATH \
+	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+#define REFLECTION_V1ALPHA_PATH \
+	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
 
 struct route_entry {
 	const char *path;
@@ -38,8 +42,8 @@ struct route_entry {
 	void *handle;           /* from grpc_server_register_method */
 };
 
-/* Built at start from histd_method_paths plus the health service. */
-#define MAX_ROUTES (HISTD_M_COUNT + 1)
+/* Built at start from histd_method_paths plus health and reflection. */
+#define MAX_ROUTES (HISTD_M_COUNT + 4)
 static struct route_entry routes[MAX_ROUTES];
 static int n_routes;
 
@@ -68,6 +72,7 @@ call_new(struct histd_server *s, enum histd_route route, int method)
 	c->t_close = (struct histd_tag){ TAG_CLOSE, c };
 	c->t_send = (struct histd_tag){ TAG_SEND, c };
 	c->t_status = (struct histd_tag){ TAG_STATUS, c };
+	c->t_recv = (struct histd_tag){ TAG_RECV, c };
 	pthread_mutex_lock(&s->live_mu);
 	s->live++;
 	pthread_mutex_unlock(&s->live_mu);
@@ -97,6 +102,8 @@ histd_call_unref(struct histd_call *c)
 		grpc_byte_buffer_destroy(c->resp);
 	if (c->send_buf)
 		grpc_byte_buffer_destroy(c->send_buf);
+	if (c->recv_buf)
+		grpc_byte_buffer_destroy(c->recv_buf);
 	if (c->has_details)
 		grpc_slice_unref(c->status_details);
 	grpc_metadata_array_destroy(&c->md);
@@ -283,10 +290,10 @@ handle_health_check(struct histd_call *c)
 		       NULL, 0);
 		return;
 	}
-	resp.status = atomic_load(&c->srv->shutting_down) ||
-			      histd_driver_ping(histd_service_driver(c->srv->svc)) != 0 ?
-		GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING :
-		GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+	/* The state the health thread keeps (storage pinged every second). */
+	resp.status = atomic_load(&c->srv->serving) ?
+		GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING :
+		GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
 	len = grpc__health__v1__health_check_response__get_packed_size(&resp);
 	out = malloc(len ? len : 1);
 	if (!out) {
@@ -309,6 +316,98 @@ handle_unknown(struct histd_call *c)
 	snprintf(msg, sizeof(msg), "unknown method %.*s", (int)len,
 		 (const char *)GRPC_SLICE_START_PTR(c->details.method));
 	answer(c, NULL, 0, GRPC_STATUS_UNIMPLEMENTED, msg, NULL, 0);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Reflection: a bidi stream, one answer per request, in order             */
+
+/* Ends a bidi call with a status (and learns of its close). */
+static void
+bidi_finish(struct histd_call *c, grpc_status_code code, const char *details)
+{
+	grpc_op ops[2];
+	grpc_call_error err;
+
+	memset(ops, 0, sizeof(ops));
+	ops[0].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+	ops[0].data.recv_close_on_server.cancelled = &c->cancelled;
+	ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+	ops[1].data.send_status_from_server.status = code;
+	if (details && *details) {
+		c->status_details = grpc_slice_from_copied_string(details);
+		c->has_details = 1;
+		ops[1].data.send_status_from_server.status_details =
+			&c->status_details;
+	}
+	histd_call_ref(c);
+	err = grpc_call_start_batch(c->call, ops, 2, &c->t_done, NULL);
+	if (err != GRPC_CALL_OK)
+		histd_call_unref(c);
+}
+
+/* Sends resp (if any) and posts the receive of the next request. */
+static void
+bidi_next(struct histd_call *c, uint8_t *resp, size_t len, int first)
+{
+	grpc_op ops[2];
+	size_t n = 0;
+	grpc_call_error err;
+
+	memset(ops, 0, sizeof(ops));
+	if (first) {
+		ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+	} else if (resp) {
+		grpc_slice sl = grpc_slice_new(resp, len, free);
+
+		if (c->resp)
+			grpc_byte_buffer_destroy(c->resp);
+		c->resp = grpc_raw_byte_buffer_create(&sl, 1);
+		grpc_slice_unref(sl);
+		ops[n].op = GRPC_OP_SEND_MESSAGE;
+		ops[n].data.send_message.send_message = c->resp;
+		n++;
+	}
+	ops[n].op = GRPC_OP_RECV_MESSAGE;
+	ops[n].data.recv_message.recv_message = &c->recv_buf;
+	n++;
+	histd_call_ref(c);
+	err = grpc_call_start_batch(c->call, ops, n, &c->t_recv, NULL);
+	if (err != GRPC_CALL_OK)
+		histd_call_unref(c);
+}
+
+static void
+on_reflection_recv(struct histd_call *c, int ok)
+{
+	grpc_byte_buffer_reader reader;
+	grpc_slice req;
+	uint8_t *resp = NULL;
+	size_t len = 0;
+
+	if (!ok || !c->recv_buf) {
+		/* The client closed its side (or the call is gone). */
+		bidi_finish(c, GRPC_STATUS_OK, NULL);
+		histd_call_unref(c);
+		return;
+	}
+	if (!grpc_byte_buffer_reader_init(&reader, c->recv_buf)) {
+		bidi_finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+			    "request does not decode");
+		histd_call_unref(c);
+		return;
+	}
+	req = grpc_byte_buffer_reader_readall(&reader);
+	grpc_byte_buffer_reader_destroy(&reader);
+	grpc_byte_buffer_destroy(c->recv_buf);
+	c->recv_buf = NULL;
+	if (histd_reflection_answer(c->srv->refl, GRPC_SLICE_START_PTR(req),
+				    GRPC_SLICE_LENGTH(req), &resp, &len) != 0)
+		bidi_finish(c, histd_status_from_error(HISTD_EINVALID),
+			    histd_error_message());
+	else
+		bidi_next(c, resp, len, 0);
+	grpc_slice_unref(req);
+	histd_call_unref(c);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -345,6 +444,12 @@ on_new_call(struct histd_call *c, int ok)
 	case ROUTE_HEALTH_CHECK:
 		handle_health_check(c);
 		break;
+	case ROUTE_HEALTH_WATCH:
+		histd_health_watch_begin(c);
+		break;
+	case ROUTE_REFLECTION:
+		bidi_next(c, NULL, 0, 1);
+		break;
 	case ROUTE_UNKNOWN:
 		handle_unknown(c);
 		break;
@@ -365,13 +470,22 @@ dispatch(struct histd_tag *t, int ok)
 		histd_call_unref(c);
 		break;
 	case TAG_CLOSE:
-		histd_subscribe_on_close(c);
+		if (c->route == ROUTE_HEALTH_WATCH)
+			histd_health_on_close(c);
+		else
+			histd_subscribe_on_close(c);
 		break;
 	case TAG_SEND:
-		histd_subscribe_on_send(c, ok);
+		if (c->route == ROUTE_HEALTH_WATCH)
+			histd_health_on_send(c, ok);
+		else
+			histd_subscribe_on_send(c, ok);
 		break;
 	case TAG_STATUS:
 		histd_subscribe_on_status(c, ok);
+		break;
+	case TAG_RECV:
+		on_reflection_recv(c, ok);
 		break;
 	}
 }
@@ -402,9 +516,12 @@ post_registered(struct histd_server *s, int r)
 
 	if (!c)
 		return;
+	/* A bidi method is registered without a payload and must be
+	 * requested without one. */
 	err = grpc_server_request_registered_call(
 		s->server, routes[r].handle, &c->call, &c->deadline, &c->md,
-		&c->payload, s->cq, s->cq, &c->t_new);
+		routes[r].route == ROUTE_REFLECTION ? NULL : &c->payload,
+		s->cq, s->cq, &c->t_new);
 	if (err != GRPC_CALL_OK) {
 		if (!atomic_load(&s->shutting_down))
 			histd_log(HISTD_LOG_ERROR, "request_registered_call failed",
@@ -440,7 +557,15 @@ build_routes(void)
 	}
 	routes[n_routes].path = HEALTH_CHECK_PATH;
 	routes[n_routes].route = ROUTE_HEALTH_CHECK;
-	routes[n_routes].method = -1;
+	n_routes++;
+	routes[n_routes].path = HEALTH_WATCH_PATH;
+	routes[n_routes].route = ROUTE_HEALTH_WATCH;
+	n_routes++;
+	routes[n_routes].path = REFLECTION_V1_PATH;
+	routes[n_routes].route = ROUTE_REFLECTION;
+	n_routes++;
+	routes[n_routes].path = REFLECTION_V1ALPHA_PATH;
+	routes[n_routes].route = ROUTE_REFLECTION;
 	n_routes++;
 }
 
@@ -462,6 +587,10 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 	s->cfg = cfg;
 	s->svc = svc;
 	s->hub = hub;
+	if (histd_reflection_new(&s->refl) != 0) {
+		free(s);
+		return HISTD_EINTERNAL;
+	}
 	atomic_init(&s->shutting_down, 0);
 	pthread_mutex_init(&s->live_mu, NULL);
 	pthread_cond_init(&s->live_cv, NULL);
@@ -484,7 +613,9 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 	for (int r = 0; r < n_routes; r++)
 		routes[r].handle = grpc_server_register_method(
 			s->server, routes[r].path, NULL,
-			GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+			routes[r].route == ROUTE_REFLECTION ?
+				GRPC_SRM_PAYLOAD_NONE :
+				GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
 
 	creds = grpc_insecure_server_credentials_create();
 	port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
@@ -497,11 +628,13 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 		       GRPC_QUEUE_SHUTDOWN)
 			;
 		grpc_completion_queue_destroy(s->cq);
+		histd_reflection_free(s->refl);
 		free(s);
 		return histd_error_set(HISTD_EINVALID,
 				       "cannot listen on %s", cfg->listen);
 	}
 	grpc_server_start(s->server);
+	histd_health_start(s);
 
 	for (int r = 0; r < n_routes; r++)
 		for (int i = 0; i < cfg->posted_calls; i++)
@@ -529,6 +662,7 @@ histd_server_shutdown(histd_server *s)
 		gpr_time_from_seconds(s->cfg->shutdown_grace_s, GPR_TIMESPAN));
 
 	atomic_store(&s->shutting_down, 1);
+	histd_health_stop(s);
 	grpc_server_shutdown_and_notify(s->server, scq, &tag);
 	/* Our own long-lived streams would hold the shutdown forever. */
 	histd_hub_shutdown(s->hub);
@@ -586,6 +720,9 @@ histd_server_free(histd_server *s)
 	if (!s)
 		return;
 	free(s->threads);
+	histd_reflection_free(s->refl);
+	pthread_mutex_destroy(&s->health_mu);
+	pthread_cond_destroy(&s->health_cv);
 	pthread_mutex_destroy(&s->live_mu);
 	pthread_cond_destroy(&s->live_cv);
 	free(s);
