@@ -20,6 +20,29 @@
 #include "memory/memory.h"
 
 /* ---------------------------------------------------------------------- */
+/* Observing calls: the wrappers are the one place that times them.       */
+
+static histd_driver_observer observer;
+
+void
+histd_driver_set_observer(histd_driver_observer fn)
+{
+	observer = fn;
+}
+
+/* Evaluates a callback, reporting its duration and result when an
+ * observer is set. */
+#define OBSERVED(op, call)                                                  \
+	({                                                                  \
+		histd_driver_observer obs_ = observer;                      \
+		int64_t t0_ = obs_ ? histd_mono_us() : 0;                   \
+		int rc_ = (call);                                           \
+		if (obs_)                                                   \
+			obs_(op, histd_mono_us() - t0_, rc_);               \
+		rc_;                                                        \
+	})
+
+/* ---------------------------------------------------------------------- */
 /* Registry                                                                */
 
 static const struct {
@@ -271,7 +294,7 @@ histd_driver_session_create(histd_driver *d, const histd_session *in,
 		return rc;
 	if (!out)
 		return histd_error_set(HISTD_EINVALID, "session out-parameter is NULL");
-	rc = d->session_create(d, in, &s);
+	rc = OBSERVED("session_create", d->session_create(d, in, &s));
 	if (rc == 0)
 		*out = s;
 	return rc;
@@ -288,7 +311,7 @@ histd_driver_session_get(histd_driver *d, const char *tenant, const char *id,
 		return rc;
 	if (!out)
 		return histd_error_set(HISTD_EINVALID, "session out-parameter is NULL");
-	rc = d->session_get(d, tenant, id, &s);
+	rc = OBSERVED("session_get", d->session_get(d, tenant, id, &s));
 	if (rc == 0)
 		*out = s;
 	return rc;
@@ -309,7 +332,7 @@ histd_driver_session_resolve(histd_driver *d, const histd_session *in,
 		return histd_error_set(HISTD_EINVALID, "context_keys is empty");
 	if (!out)
 		return histd_error_set(HISTD_EINVALID, "session out-parameter is NULL");
-	rc = d->session_resolve(d, in, &s, &c);
+	rc = OBSERVED("session_resolve", d->session_resolve(d, in, &s, &c));
 	if (rc == 0) {
 		*out = s;
 		if (created)
@@ -334,7 +357,7 @@ histd_driver_session_list(histd_driver *d, const histd_list *q,
 		return rc;
 	if (q->limit < 1)
 		return histd_error_set(HISTD_EINVALID, "limit must be at least 1");
-	rc = d->session_list(d, q, &l);
+	rc = OBSERVED("session_list", d->session_list(d, q, &l));
 	if (rc == 0)
 		*out = l;
 	return rc;
@@ -359,9 +382,10 @@ histd_driver_session_update(histd_driver *d, const char *tenant,
 		return rc;
 	if (!out)
 		return histd_error_set(HISTD_EINVALID, "session out-parameter is NULL");
-	rc = d->session_update(d, tenant, id, expected_revision, labels,
+	rc = OBSERVED("session_update",
+		      d->session_update(d, tenant, id, expected_revision, labels,
 			       labels ? n_labels : 0, config,
-			       config ? config_len : 0, now_us, &s, &cur);
+			       config ? config_len : 0, now_us, &s, &cur));
 	if (rc == 0)
 		*out = s;
 	else if (rc == HISTD_ECONFLICT && current_revision)
@@ -379,7 +403,8 @@ histd_driver_session_delete(histd_driver *d, const char *tenant,
 
 	if ((rc = check_names(d, tenant, id)))
 		return rc;
-	rc = d->session_delete(d, tenant, id, expected_revision, &cur);
+	rc = OBSERVED("session_delete",
+		      d->session_delete(d, tenant, id, expected_revision, &cur));
 	if (rc == HISTD_ECONFLICT && current_revision)
 		*current_revision = cur;
 	return rc;
@@ -401,7 +426,8 @@ histd_driver_session_fork(histd_driver *d, const char *tenant,
 				       "a session cannot be forked into another tenant");
 	if (!out)
 		return histd_error_set(HISTD_EINVALID, "session out-parameter is NULL");
-	rc = d->session_fork(d, tenant, source_id, up_to_seq, in, &s);
+	rc = OBSERVED("session_fork",
+		      d->session_fork(d, tenant, source_id, up_to_seq, in, &s));
 	if (rc == 0)
 		*out = s;
 	return rc;
@@ -424,7 +450,7 @@ histd_driver_append(histd_driver *d, const histd_append *a,
 				       "idempotency_key is set without a request hash");
 	if (!res)
 		return histd_error_set(HISTD_EINVALID, "append result is NULL");
-	rc = d->append(d, a, &r);
+	rc = OBSERVED("append", d->append(d, a, &r));
 	if (rc == 0)
 		*res = r;
 	else if (rc == HISTD_ECONFLICT)
@@ -442,7 +468,7 @@ histd_driver_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 		return histd_error_set(HISTD_EINVALID, "read query or result is NULL");
 	if ((rc = check_names(d, q->tenant, q->session_id)))
 		return rc;
-	rc = d->read(d, q, &r);
+	rc = OBSERVED("read", d->read(d, q, &r));
 	if (rc == 0)
 		*res = r;
 	else
@@ -462,7 +488,8 @@ histd_driver_tool_result(histd_driver *d, const char *tenant, const char *id,
 		return rc;
 	if (!out)
 		return histd_error_set(HISTD_EINVALID, "record out-parameter is NULL");
-	rc = d->tool_result(d, tenant, id, call_id, &r);
+	rc = OBSERVED("tool_result",
+		      d->tool_result(d, tenant, id, call_id, &r));
 	if (rc == 0)
 		*out = r;
 	return rc;
@@ -478,7 +505,8 @@ histd_driver_clear(histd_driver *d, const char *tenant, const char *id,
 
 	if ((rc = check_names(d, tenant, id)))
 		return rc;
-	rc = d->clear(d, tenant, id, expected_revision, &rev, &cleared, &cur);
+	rc = OBSERVED("clear", d->clear(d, tenant, id, expected_revision, &rev,
+					&cleared, &cur));
 	if (rc == 0) {
 		if (revision)
 			*revision = rev;
@@ -505,7 +533,7 @@ histd_driver_replace(histd_driver *d, const histd_append *a,
 		return rc;
 	if (!res)
 		return histd_error_set(HISTD_EINVALID, "replace result is NULL");
-	rc = d->replace(d, a, &r, &cleared);
+	rc = OBSERVED("replace", d->replace(d, a, &r, &cleared));
 	if (rc == 0) {
 		*res = r;
 		if (cleared_to_seq)
@@ -531,7 +559,9 @@ histd_driver_summary_put(histd_driver *d, const char *tenant, const char *id,
 		return histd_error_set(HISTD_EINVALID, "summary is NULL");
 	if ((rc = check_bytes(summary->data, summary->len, "summary")))
 		return rc;
-	rc = d->summary_put(d, tenant, id, expected_revision, summary, &rev, &cur);
+	rc = OBSERVED("summary_put",
+		      d->summary_put(d, tenant, id, expected_revision, summary,
+				     &rev, &cur));
 	if (rc == 0) {
 		if (revision)
 			*revision = rev;
@@ -552,7 +582,7 @@ histd_driver_summary_get(histd_driver *d, const char *tenant, const char *id,
 		return rc;
 	if (!out)
 		return histd_error_set(HISTD_EINVALID, "record out-parameter is NULL");
-	rc = d->summary_get(d, tenant, id, &r);
+	rc = OBSERVED("summary_get", d->summary_get(d, tenant, id, &r));
 	if (rc == 0)
 		*out = r;       /* NULL when the session has no summary */
 	return rc;
@@ -571,7 +601,7 @@ histd_driver_ping(histd_driver *d)
 	if (!d)
 		return histd_error_set(HISTD_EINVALID, "driver is NULL");
 	/* Optional: a driver without ping is always reachable. */
-	return d->ping ? d->ping(d) : 0;
+	return d->ping ? OBSERVED("ping", d->ping(d)) : 0;
 }
 
 void

@@ -431,6 +431,13 @@ int histd_driver_summary_get(histd_driver *d, const char *tenant,
 			     const char *id, histd_record **out);
 void histd_driver_set_notify(histd_driver *d, histd_change_fn fn, void *ctx);
 int histd_driver_ping(histd_driver *d);
+
+/* Called by every wrapper after its driver callback, with the callback's
+ * name ("append", "read", ...), how long it took and what it returned: the
+ * hook for metrics. Set once at start (NULL: none); process-wide. */
+typedef void (*histd_driver_observer)(const char *op, int64_t duration_us,
+				      int rc);
+void histd_driver_set_observer(histd_driver_observer fn);
 void histd_driver_close(histd_driver *d);
 
 /* ---------------------------------------------------------------------- */

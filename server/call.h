@@ -82,6 +82,7 @@ struct histd_call {
 	grpc_call_details details;    /* unknown methods only */
 	atomic_int refs;
 	int active;                   /* counted in histd_server.active */
+	int64_t start_us;             /* arrival (monotonic), for metrics */
 	struct histd_tag t_new, t_done, t_close, t_send, t_status, t_recv;
 	int cancelled;                /* out of RECV_CLOSE_ON_SERVER */
 	grpc_byte_buffer *recv_buf;   /* bidi: the message received */
@@ -104,7 +105,7 @@ struct histd_call {
 	int closed;            /* RECV_CLOSE_ON_SERVER completed */
 	int unsubscribed;
 	grpc_byte_buffer *send_buf;
-	grpc_status_code st_code;
+	grpc_status_code st_code;      /* the status sent (metrics) */
 	uint64_t after_seq;    /* the request's: the least resume point */
 
 	/* Health Watch, under srv->health_mu. */

@@ -76,6 +76,10 @@ static const struct opt opts[] = {
 	  "seconds in-flight calls get to finish on SIGTERM" },
 	{ "log-level", OPT_STR, OFF(log_level), "info",
 	  "debug | info | warn | error" },
+	{ "metrics-listen", OPT_STR, OFF(metrics_listen), "",
+	  "host:port serving Prometheus metrics at /metrics (empty: off)" },
+	{ "metrics-port-file", OPT_STR, OFF(metrics_port_file), "",
+	  "write the bound metrics port to this file" },
 };
 
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))

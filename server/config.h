@@ -33,6 +33,8 @@ typedef struct histd_config {
 	uint32_t replay_max;     /* messages one Subscribe may replay */
 	int shutdown_grace_s;
 	char *log_level;
+	char *metrics_listen;    /* host:port of /metrics; "" off */
+	char *metrics_port_file;
 } histd_config;
 
 /*

@@ -46,6 +46,7 @@ send_status(struct histd_call *c, grpc_status_code code, const char *msg)
 	}
 	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
 	ops[n].data.send_status_from_server.status = code;
+	c->st_code = code;
 	if (msg) {
 		c->status_details = grpc_slice_from_copied_string(msg);
 		c->has_details = 1;

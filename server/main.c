@@ -18,6 +18,7 @@
 #include "driver.h"
 #include "hub.h"
 #include "log.h"
+#include "metrics.h"
 #include "service.h"
 #include "transport.h"
 
@@ -48,7 +49,7 @@ main(int argc, char **argv)
 	histd_service *svc = NULL;
 	histd_server *srv = NULL;
 	sigset_t sigs;
-	int rc, port = 0, sig = 0;
+	int rc, port = 0, mport = 0, sig = 0;
 	char portbuf[16];
 
 	rc = histd_config_load(&cfg, argc, argv);
@@ -75,6 +76,15 @@ main(int argc, char **argv)
 	dcfg.fsync_mode = cfg.fsync;
 	dcfg.dsn = cfg.dsn;
 	dcfg.pool_size = cfg.pool_size;
+	histd_driver_set_observer(histd_metrics_driver);
+	rc = histd_metrics_start(cfg.metrics_listen, &mport);
+	if (rc != 0) {
+		histd_log(HISTD_LOG_ERROR, "cannot serve metrics",
+			  "error", histd_error_message(), NULL);
+		goto out;
+	}
+	if (mport && cfg.metrics_port_file && *cfg.metrics_port_file)
+		write_port_file(cfg.metrics_port_file, mport);
 	rc = histd_driver_open(cfg.driver, &dcfg, &drv);
 	if (rc != 0) {
 		histd_log(HISTD_LOG_ERROR, "cannot open storage",
@@ -113,6 +123,7 @@ main(int argc, char **argv)
 	srv = NULL;
 
 out:
+	histd_metrics_stop();
 	if (hub)
 		histd_hub_free(hub);
 	histd_service_free(svc);

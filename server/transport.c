@@ -26,7 +26,9 @@
 
 #include "call.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "histd_wire.h"
 #include "log.h"
+#include "metrics.h"
 #include "status.h"
 
 #define HEALTH_CHECK_PATH "/grpc.health.v1.Health/Check"
@@ -40,6 +42,8 @@ struct route_entry {
 	enum histd_route route;
 	int method;             /* enum histd_method for HistoryService */
 	void *handle;           /* from grpc_server_register_method */
+	int metric;             /* histd_metrics_method index */
+	const char *name;       /* for metrics and logs */
 };
 
 /* Built at start from histd_method_paths plus health and reflection. */
@@ -94,6 +98,9 @@ histd_call_unref(struct histd_call *c)
 	if (atomic_fetch_sub(&c->refs, 1) != 1)
 		return;
 	active = c->active;
+	if (active && c->route != ROUTE_UNKNOWN)
+		histd_metrics_rpc(routes[c->method].metric, c->st_code,
+				  histd_mono_us() - c->start_us);
 	if (c->call)
 		grpc_call_unref(c->call);
 	if (c->payload)
@@ -173,6 +180,7 @@ answer(struct histd_call *c, uint8_t *data, size_t len, grpc_status_code code,
 	}
 	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
 	ops[n].data.send_status_from_server.status = code;
+	c->st_code = code;
 	if (details && *details) {
 		c->status_details = grpc_slice_from_copied_string(details);
 		c->has_details = 1;
@@ -205,6 +213,32 @@ deadline_passed(struct histd_call *c)
 	return gpr_time_cmp(c->deadline, now) < 0;
 }
 
+/* The request id for logs: the client's x-request-id (printable, at most
+ * 64 characters) or one made here. */
+static void
+request_id(struct histd_call *c, char *out, size_t cap)
+{
+	static atomic_uint_fast64_t next;
+
+	for (size_t i = 0; i < c->md.count; i++) {
+		const grpc_metadata *m = &c->md.metadata[i];
+		size_t len = GRPC_SLICE_LENGTH(m->value), n = 0;
+		const char *v = (const char *)GRPC_SLICE_START_PTR(m->value);
+
+		if (grpc_slice_str_cmp(m->key, "x-request-id") != 0)
+			continue;
+		for (size_t k = 0; k < len && n + 1 < cap && n < 64; k++)
+			if (v[k] > 0x20 && v[k] < 0x7f && v[k] != '"' &&
+			    v[k] != '\\')
+				out[n++] = v[k];
+		out[n] = '\0';
+		if (n)
+			return;
+	}
+	snprintf(out, cap, "h%llx-%llx", (unsigned long long)c->start_us,
+		 (unsigned long long)atomic_fetch_add(&next, 1));
+}
+
 /* The caller's identity. Until authentication lands every call belongs to
  * the tenant "default". */
 static void
@@ -221,6 +255,7 @@ handle_unary(struct histd_call *c)
 	histd_reply reply = { 0 };
 	histd_caller who;
 	grpc_slice req;
+	enum histd_log_level level;
 	int rc;
 
 	if (deadline_passed(c)) {
@@ -239,19 +274,29 @@ handle_unary(struct histd_call *c)
 				 &who, GRPC_SLICE_START_PTR(req),
 				 GRPC_SLICE_LENGTH(req), &reply);
 	grpc_slice_unref(req);
+	/* Client mistakes are logged at debug; server-side failures at warn.
+	 * Messages name fields, never conversation text. */
+	level = rc == HISTD_EINTERNAL || rc == HISTD_EUNAVAILABLE ||
+			rc == HISTD_ECORRUPT || rc == HISTD_ENOMEM ?
+		HISTD_LOG_WARN : HISTD_LOG_DEBUG;
+	if (histd_log_enabled(level)) {
+		char rid[80], us[24];
+
+		request_id(c, rid, sizeof(rid));
+		snprintf(us, sizeof(us), "%lld",
+			 (long long)(histd_mono_us() - c->start_us));
+		histd_log(level, "rpc", "request_id", rid,
+			  "method", histd_method_names[c->method],
+			  "tenant", who.tenant,
+			  "code", histd_status_name(histd_status_from_error(rc)),
+			  "duration_us", us,
+			  "error", rc ? histd_error_message() : "", NULL);
+	}
 	if (rc == 0) {
 		answer(c, reply.data, reply.len, GRPC_STATUS_OK, NULL, NULL, 0);
 		return;
 	}
 	free(reply.data);
-	if (rc != HISTD_EINVALID && rc != HISTD_ENOTFOUND &&
-	    rc != HISTD_ECONFLICT && rc != HISTD_EEXISTS &&
-	    rc != HISTD_EPRECONDITION && rc != HISTD_ELIMIT &&
-	    rc != HISTD_EUNIMPL)
-		histd_log(HISTD_LOG_WARN, "call failed",
-			  "method", histd_method_names[c->method],
-			  "code", histd_error_name(rc),
-			  "error", histd_error_message(), NULL);
 	answer(c, NULL, 0, histd_status_from_error(rc), histd_error_message(),
 	       rc == HISTD_ECONFLICT ? "histd-revision" : NULL,
 	       reply.current_revision);
@@ -333,6 +378,7 @@ bidi_finish(struct histd_call *c, grpc_status_code code, const char *details)
 	ops[0].data.recv_close_on_server.cancelled = &c->cancelled;
 	ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
 	ops[1].data.send_status_from_server.status = code;
+	c->st_code = code;
 	if (details && *details) {
 		c->status_details = grpc_slice_from_copied_string(details);
 		c->has_details = 1;
@@ -423,6 +469,7 @@ on_new_call(struct histd_call *c, int ok)
 		histd_call_unref(c);
 		return;
 	}
+	c->start_us = histd_mono_us();
 	pthread_mutex_lock(&s->live_mu);
 	c->active = 1;
 	s->active++;
@@ -549,6 +596,7 @@ build_routes(void)
 {
 	n_routes = 0;
 	for (int m = 0; m < HISTD_M_COUNT; m++) {
+		routes[n_routes].name = histd_method_names[m];
 		routes[n_routes].path = histd_method_paths[m];
 		routes[n_routes].route = m == HISTD_M_SUBSCRIBE ?
 			ROUTE_SUBSCRIBE : ROUTE_UNARY;
@@ -556,17 +604,44 @@ build_routes(void)
 		n_routes++;
 	}
 	routes[n_routes].path = HEALTH_CHECK_PATH;
+	routes[n_routes].name = "Health.Check";
 	routes[n_routes].route = ROUTE_HEALTH_CHECK;
 	n_routes++;
 	routes[n_routes].path = HEALTH_WATCH_PATH;
+	routes[n_routes].name = "Health.Watch";
 	routes[n_routes].route = ROUTE_HEALTH_WATCH;
 	n_routes++;
 	routes[n_routes].path = REFLECTION_V1_PATH;
+	routes[n_routes].name = "ServerReflectionInfo.v1";
 	routes[n_routes].route = ROUTE_REFLECTION;
 	n_routes++;
 	routes[n_routes].path = REFLECTION_V1ALPHA_PATH;
+	routes[n_routes].name = "ServerReflectionInfo.v1alpha";
 	routes[n_routes].route = ROUTE_REFLECTION;
 	n_routes++;
+	for (int r = 0; r < n_routes; r++)
+		routes[r].metric = histd_metrics_method(routes[r].name);
+}
+
+/* Gauges read when /metrics is scraped. */
+static void
+collect_gauges(void *ctx, FILE *out)
+{
+	struct histd_server *s = ctx;
+	long active;
+
+	pthread_mutex_lock(&s->live_mu);
+	active = s->active;
+	pthread_mutex_unlock(&s->live_mu);
+	fprintf(out, "# HELP histd_calls_active Calls in progress.\n"
+		"# TYPE histd_calls_active gauge\nhistd_calls_active %ld\n",
+		active);
+	fprintf(out, "# HELP histd_subscribers Open Subscribe streams.\n"
+		"# TYPE histd_subscribers gauge\nhistd_subscribers %zu\n",
+		histd_hub_count(s->hub));
+	fprintf(out, "# HELP histd_serving 1 while health is SERVING.\n"
+		"# TYPE histd_serving gauge\nhistd_serving %d\n",
+		atomic_load(&s->serving));
 }
 
 /* ---------------------------------------------------------------------- */
@@ -610,6 +685,7 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 	s->server = grpc_server_create(&chargs, NULL);
 	grpc_server_register_completion_queue(s->server, s->cq, NULL);
 	build_routes();
+	histd_metrics_add_collector(collect_gauges, s);
 	for (int r = 0; r < n_routes; r++)
 		routes[r].handle = grpc_server_register_method(
 			s->server, routes[r].path, NULL,

@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""Observability: Prometheus metrics at /metrics (RPCs by method and status,
+latency histograms, driver latency, gauges) and JSON logs with a request id
+that never contain conversation content.
+
+    /usr/bin/python3 tests/integration/test_observability.py --histd build/server/histd
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--histd", required=True)
+ap.add_argument("--proto-dir", required=True)
+ap.add_argument("--protoc", default="protoc")
+ap.add_argument("--plugin", default="/usr/bin/grpc_python_plugin")
+ARGS = ap.parse_args()
+
+tmp = tempfile.mkdtemp()
+subprocess.run([ARGS.protoc, "-I", ARGS.proto_dir, "-I/usr/include",
+                "--python_out=" + tmp, "--grpc_python_out=" + tmp,
+                "--plugin=protoc-gen-grpc_python=" + ARGS.plugin,
+                os.path.join(ARGS.proto_dir, "histd/v1/histd.proto")], check=True)
+sys.path.insert(0, tmp)
+import grpc  # noqa: E402
+from histd.v1 import histd_pb2 as pb, histd_pb2_grpc as rpc  # noqa: E402
+
+SECRET = "SECRET-CONVERSATION-TEXT-7f3a"
+log_path = os.path.join(tmp, "histd.log")
+pf, mf = os.path.join(tmp, "port"), os.path.join(tmp, "mport")
+log = open(log_path, "w")
+proc = subprocess.Popen([ARGS.histd, "--listen", "127.0.0.1:0", "--port-file", pf,
+                         "--metrics-listen", "127.0.0.1:0", "--metrics-port-file", mf,
+                         "--log-level", "debug"], stderr=log)
+passes, failures = [], []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    (passes if cond else failures).append(what)
+
+
+def wait_file(p):
+    for _ in range(200):
+        if os.path.exists(p) and open(p).read().strip():
+            return open(p).read().strip()
+        time.sleep(0.05)
+    raise RuntimeError("no " + p)
+
+
+try:
+    port, mport = wait_file(pf), wait_file(mf)
+    stub = rpc.HistoryServiceStub(grpc.insecure_channel("127.0.0.1:" + port))
+    stub.CreateSession(pb.CreateSessionRequest(session_id="obs"))
+    msg = pb.Message(role=pb.ROLE_USER,
+                     content=[pb.ContentBlock(text=pb.TextBlock(text=SECRET))])
+    for _ in range(3):
+        stub.Append(pb.AppendRequest(session_id="obs", messages=[msg]),
+                    metadata=[("x-request-id", "req-abc-123")])
+    try:  # invalid: the message names fields, never the text
+        stub.Append(pb.AppendRequest(session_id="obs", messages=[
+            pb.Message(role=pb.ROLE_USER, content=[pb.ContentBlock(
+                tool_call=pb.ToolCallBlock(id="c", name=SECRET, arguments="{"))])]))
+    except grpc.RpcError as e:
+        check(SECRET not in e.details(), "status message has no conversation text")
+    try:
+        stub.GetSession(pb.GetSessionRequest(session_id="missing"))
+    except grpc.RpcError:
+        pass
+
+    url = "http://127.0.0.1:%s/metrics" % mport
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    check('histd_rpc_requests_total{method="Append",code="OK"} 3' in body,
+          "metrics count Append OK")
+    check('histd_rpc_requests_total{method="Append",code="INVALID_ARGUMENT"} 1' in body,
+          "metrics count Append INVALID_ARGUMENT")
+    check('histd_rpc_requests_total{method="GetSession",code="NOT_FOUND"} 1' in body,
+          "metrics count GetSession NOT_FOUND")
+    check('histd_rpc_duration_seconds_bucket{method="Append",le="+Inf"} 4' in body,
+          "latency histogram per method")
+    check('histd_driver_duration_seconds_count{op="append"} 3' in body,
+          "driver latency histogram")
+    check("histd_subscribers 0" in body and "histd_serving 1" in body, "gauges")
+    check(SECRET not in body, "metrics have no conversation text")
+    try:
+        urllib.request.urlopen("http://127.0.0.1:%s/other" % mport, timeout=5)
+        check(False, "other paths answer 404")
+    except urllib.error.HTTPError as e:
+        check(e.code == 404, "other paths answer 404")
+finally:
+    proc.terminate()
+    rc = proc.wait(timeout=20)
+    log.close()
+
+check(rc == 0, "histd exits 0")
+lines = open(log_path).read().splitlines()
+parsed = []
+for l in lines:
+    try:
+        parsed.append(json.loads(l))
+    except ValueError:
+        check(False, "every log line is JSON: " + l[:80])
+check(len(parsed) > 0 and all("ts" in p and "level" in p and "msg" in p for p in parsed),
+      "log lines carry ts, level, msg")
+rpc_lines = [p for p in parsed if p.get("msg") == "rpc"]
+check(any(p.get("request_id") == "req-abc-123" and p.get("method") == "Append"
+          for p in rpc_lines), "the client's x-request-id is logged")
+check(all(p.get("request_id") for p in rpc_lines), "every rpc line has a request id")
+check(not any(SECRET in l for l in lines), "logs have no conversation text")
+print("%d passed, %d failed" % (len(passes), len(failures)))
+sys.exit(1 if failures else 0)
