@@ -50,6 +50,7 @@ struct histd_server {
 	histd_service *svc;
 	histd_hub *hub;
 	histd_reflection *refl;
+	struct histd_tls *tls;        /* NULL: plaintext */
 	grpc_server *server;
 	grpc_completion_queue *cq;
 	pthread_t *threads;

@@ -80,6 +80,12 @@ static const struct opt opts[] = {
 	  "host:port serving Prometheus metrics at /metrics (empty: off)" },
 	{ "metrics-port-file", OPT_STR, OFF(metrics_port_file), "",
 	  "write the bound metrics port to this file" },
+	{ "tls-cert", OPT_STR, OFF(tls_cert), "",
+	  "PEM certificate chain: serve gRPC over TLS (reloaded when it changes)" },
+	{ "tls-key", OPT_STR, OFF(tls_key), "",
+	  "PEM private key of tls-cert" },
+	{ "tls-client-ca", OPT_STR, OFF(tls_client_ca), "",
+	  "PEM CA: require client certificates it signed (mutual TLS)" },
 };
 
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
@@ -411,6 +417,15 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 	}
 	if (cfg->posted_calls < 1)
 		cfg->posted_calls = 1;
+	if (!*cfg->tls_cert != !*cfg->tls_key) {
+		fprintf(stderr, "histd: tls-cert and tls-key go together\n");
+		return -1;
+	}
+	if (*cfg->tls_client_ca && !*cfg->tls_cert) {
+		fprintf(stderr, "histd: tls-client-ca needs tls-cert and "
+			"tls-key\n");
+		return -1;
+	}
 	if (cfg->hub.queue_max == 0) {
 		fprintf(stderr, "histd: subscriber-queue must be at least 1\n");
 		return -1;

@@ -35,6 +35,9 @@ typedef struct histd_config {
 	char *log_level;
 	char *metrics_listen;    /* host:port of /metrics; "" off */
 	char *metrics_port_file;
+	char *tls_cert;          /* PEM files; "" = plaintext */
+	char *tls_key;
+	char *tls_client_ca;     /* set: mutual TLS */
 } histd_config;
 
 /*

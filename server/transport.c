@@ -30,6 +30,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "status.h"
+#include "tls.h"
 
 #define HEALTH_CHECK_PATH "/grpc.health.v1.Health/Check"
 #define REFLECTION_V1_PATH \
@@ -666,6 +667,14 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 		free(s);
 		return HISTD_EINTERNAL;
 	}
+	/* Certificates are checked before anything starts. */
+	if (*cfg->tls_cert &&
+	    histd_tls_new(&s->tls, cfg->tls_cert, cfg->tls_key,
+			  cfg->tls_client_ca) != 0) {
+		histd_reflection_free(s->refl);
+		free(s);
+		return HISTD_EINVALID;
+	}
 	atomic_init(&s->shutting_down, 0);
 	pthread_mutex_init(&s->live_mu, NULL);
 	pthread_cond_init(&s->live_cv, NULL);
@@ -693,7 +702,8 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 				GRPC_SRM_PAYLOAD_NONE :
 				GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
 
-	creds = grpc_insecure_server_credentials_create();
+	creds = s->tls ? histd_tls_credentials(s->tls) :
+			 grpc_insecure_server_credentials_create();
 	port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
 	grpc_server_credentials_release(creds);
 	if (port == 0) {
@@ -705,6 +715,7 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 			;
 		grpc_completion_queue_destroy(s->cq);
 		histd_reflection_free(s->refl);
+		histd_tls_free(s->tls);
 		free(s);
 		return histd_error_set(HISTD_EINVALID,
 				       "cannot listen on %s", cfg->listen);
@@ -797,6 +808,7 @@ histd_server_free(histd_server *s)
 		return;
 	free(s->threads);
 	histd_reflection_free(s->refl);
+	histd_tls_free(s->tls);
 	pthread_mutex_destroy(&s->health_mu);
 	pthread_cond_destroy(&s->health_cv);
 	pthread_mutex_destroy(&s->live_mu);
