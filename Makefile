@@ -18,7 +18,7 @@ build: deps
 	cmake --build $(BUILD) -j$(JOBS)
 
 run: build
-	./$(BUILD)/server/histd --listen $(LISTEN) --driver memory
+	./$(BUILD)/server/histd --listen $(LISTEN) --driver memory --auth-disabled
 
 # Every test on the normal build, then every test again built with
 # AddressSanitizer and UBSan.

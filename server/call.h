@@ -51,6 +51,10 @@ struct histd_server {
 	histd_hub *hub;
 	histd_reflection *refl;
 	struct histd_tls *tls;        /* NULL: plaintext */
+	struct histd_auth *auth;      /* NULL: authentication disabled */
+	/* Calls in progress per tenant, for max_calls_per_tenant. */
+	pthread_mutex_t tenants_mu;
+	struct tenant_calls *tenants;
 	grpc_server *server;
 	grpc_completion_queue *cq;
 	pthread_t *threads;
@@ -84,6 +88,7 @@ struct histd_call {
 	atomic_int refs;
 	int active;                   /* counted in histd_server.active */
 	int64_t start_us;             /* arrival (monotonic), for metrics */
+	struct tenant_calls *tenant;  /* counted against, until freed */
 	struct histd_tag t_new, t_done, t_close, t_send, t_status, t_recv;
 	int cancelled;                /* out of RECV_CLOSE_ON_SERVER */
 	grpc_byte_buffer *recv_buf;   /* bidi: the message received */
@@ -122,6 +127,12 @@ void histd_call_unref(struct histd_call *c);
 /* The request bytes of a call (payload), as a slice the caller unrefs;
  * 0, or -1 if there is no payload. */
 int histd_call_request_bytes(struct histd_call *c, grpc_slice *out);
+
+/* Who is calling (authorization metadata). With `count`, the call counts
+ * against the tenant's calls in progress until it is freed (streams, which
+ * hold no thread, have limits of their own). 0, or EUNAUTH / ELIMIT with
+ * the thread's message set. */
+int histd_call_caller(struct histd_call *c, histd_caller *who, int count);
 
 /* health.c: Check answers from srv->serving; Watch streams it. */
 #define HEALTH_WATCH_PATH "/grpc.health.v1.Health/Watch"

@@ -16,6 +16,7 @@ enum opt_type {
 	OPT_SIZE,       /* size_t, >= 0 */
 	OPT_SECONDS,    /* int64_t microseconds, given in seconds */
 	OPT_INT_SECONDS,/* int seconds */
+	OPT_BOOL,       /* int 0/1: "--flag" alone, or true/false/1/0 */
 };
 
 struct opt {
@@ -86,6 +87,15 @@ static const struct opt opts[] = {
 	  "PEM private key of tls-cert" },
 	{ "tls-client-ca", OPT_STR, OFF(tls_client_ca), "",
 	  "PEM CA: require client certificates it signed (mutual TLS)" },
+	{ "api-keys-file", OPT_STR, OFF(api_keys_file), "",
+	  "API keys, one 'KEY TENANT [read-only]' per line (reloaded when it\n"
+	  "      changes); callers send 'authorization: Bearer KEY'" },
+	{ "auth-disabled", OPT_BOOL, OFF(auth_disabled), "false",
+	  "serve without authentication (every call is tenant 'default');\n"
+	  "      needed when no api-keys-file is given" },
+	{ "max-calls-per-tenant", OPT_U32, OFF(max_calls_per_tenant), "256",
+	  "calls one tenant may have in progress (RESOURCE_EXHAUSTED above;\n"
+	  "      0: no limit)" },
 };
 
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
@@ -187,6 +197,20 @@ set_opt(histd_config *cfg, const struct opt *o, const char *val,
 		if (ok)
 			*(int64_t *)base = (int64_t)v * 1000000;
 		break;
+	case OPT_BOOL:
+		if (strcmp(val, "true") == 0 || strcmp(val, "1") == 0 ||
+		    strcmp(val, "yes") == 0) {
+			*(int *)base = 1;
+			return 0;
+		}
+		if (strcmp(val, "false") == 0 || strcmp(val, "0") == 0 ||
+		    strcmp(val, "no") == 0) {
+			*(int *)base = 0;
+			return 0;
+		}
+		fprintf(stderr, "histd: %s: %s needs true or false\n", from,
+			o->name);
+		return -1;
 	}
 	if (!ok) {
 		fprintf(stderr, "histd: %s: %s needs a non-negative number%s\n",
@@ -394,6 +418,8 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 		}
 		if (eq) {
 			val = eq + 1;
+		} else if (o->type == OPT_BOOL) {
+			val = "true";   /* a bare boolean flag */
 		} else if (i + 1 < argc) {
 			val = argv[++i];
 		} else {
@@ -417,6 +443,16 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 	}
 	if (cfg->posted_calls < 1)
 		cfg->posted_calls = 1;
+	if (!*cfg->api_keys_file && !cfg->auth_disabled) {
+		fprintf(stderr, "histd: no API keys: give --api-keys-file, or "
+			"--auth-disabled to serve without authentication\n");
+		return -1;
+	}
+	if (*cfg->api_keys_file && cfg->auth_disabled) {
+		fprintf(stderr, "histd: --api-keys-file and --auth-disabled "
+			"contradict each other\n");
+		return -1;
+	}
 	if (!*cfg->tls_cert != !*cfg->tls_key) {
 		fprintf(stderr, "histd: tls-cert and tls-key go together\n");
 		return -1;

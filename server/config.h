@@ -38,6 +38,9 @@ typedef struct histd_config {
 	char *tls_cert;          /* PEM files; "" = plaintext */
 	char *tls_key;
 	char *tls_client_ca;     /* set: mutual TLS */
+	char *api_keys_file;     /* KEY TENANT [read-only] per line */
+	int auth_disabled;       /* explicit: every call is tenant "default" */
+	uint32_t max_calls_per_tenant;  /* calls in progress; 0: no limit */
 } histd_config;
 
 /*

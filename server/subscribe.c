@@ -194,6 +194,7 @@ histd_subscribe_begin(struct histd_call *c)
 	histd_event **replay = NULL;
 	size_t n_replay = 0;
 	uint64_t snapshot_revision = 0;
+	histd_caller who;
 	grpc_op op;
 	grpc_slice bytes;
 	histd_sub *sub = NULL;
@@ -222,18 +223,19 @@ histd_subscribe_begin(struct histd_call *c)
 					"as histd.v1.SubscribeRequest"));
 		return;
 	}
+	if ((rc = histd_call_caller(c, &who, 0)) != 0)
+		goto out_fail;
 	rc = histd_check_session_id(req->session_id, "session_id");
 	if (rc != 0)
 		goto out_fail;
 	c->after_seq = req->after_seq;
 
-	/* Without authentication every call is the tenant "default". */
-	rc = histd_hub_subscribe(s->hub, "default", req->session_id, &sub_ops,
+	rc = histd_hub_subscribe(s->hub, who.tenant, req->session_id, &sub_ops,
 				 c, &sub);
 	if (rc != 0)
 		goto out_fail;
 
-	q.tenant = "default";
+	q.tenant = who.tenant;
 	q.session_id = req->session_id;
 	q.after_seq = req->after_seq;
 	q.limit = s->cfg->replay_max + 1;

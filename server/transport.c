@@ -30,6 +30,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "status.h"
+#include "auth.h"
 #include "tls.h"
 
 #define HEALTH_CHECK_PATH "/grpc.health.v1.Health/Check"
@@ -51,6 +52,13 @@ struct route_entry {
 #define MAX_ROUTES (HISTD_M_COUNT + 4)
 static struct route_entry routes[MAX_ROUTES];
 static int n_routes;
+
+/* Calls in progress of one tenant. */
+struct tenant_calls {
+	struct tenant_calls *next;
+	long calls;
+	char name[];
+};
 
 static void post_registered(struct histd_server *s, int r);
 static void post_unknown(struct histd_server *s);
@@ -102,6 +110,11 @@ histd_call_unref(struct histd_call *c)
 	if (active && c->route != ROUTE_UNKNOWN)
 		histd_metrics_rpc(routes[c->method].metric, c->st_code,
 				  histd_mono_us() - c->start_us);
+	if (c->tenant) {
+		pthread_mutex_lock(&s->tenants_mu);
+		c->tenant->calls--;
+		pthread_mutex_unlock(&s->tenants_mu);
+	}
 	if (c->call)
 		grpc_call_unref(c->call);
 	if (c->payload)
@@ -240,14 +253,66 @@ request_id(struct histd_call *c, char *out, size_t cap)
 		 (unsigned long long)atomic_fetch_add(&next, 1));
 }
 
-/* The caller's identity. Until authentication lands every call belongs to
- * the tenant "default". */
-static void
-resolve_caller(struct histd_call *c, histd_caller *who)
+static struct tenant_calls *
+tenant_entry(struct histd_server *s, const char *tenant)
 {
-	(void)c;
+	struct tenant_calls *t;
+
+	for (t = s->tenants; t; t = t->next)
+		if (strcmp(t->name, tenant) == 0)
+			return t;
+	if (!(t = calloc(1, sizeof(*t) + strlen(tenant) + 1)))
+		return NULL;
+	strcpy(t->name, tenant);
+	t->next = s->tenants;
+	s->tenants = t;
+	return t;
+}
+
+int
+histd_call_caller(struct histd_call *c, histd_caller *who, int count)
+{
+	struct histd_server *s = c->srv;
+	const char *header = NULL;
+	size_t len = 0;
+	struct tenant_calls *t;
+	int rc;
+
 	who->tenant = "default";
 	who->read_only = 0;
+	if (s->auth) {
+		for (size_t i = 0; i < c->md.count; i++)
+			if (grpc_slice_str_cmp(c->md.metadata[i].key,
+					       "authorization") == 0) {
+				header = (const char *)GRPC_SLICE_START_PTR(
+					c->md.metadata[i].value);
+				len = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
+				break;
+			}
+		if ((rc = histd_auth_check(s->auth, header, len, &who->tenant,
+					   &who->read_only)))
+			return rc;
+	}
+	if (!count)
+		return 0;
+	/* One tenant cannot take every thread and connection slot. */
+	pthread_mutex_lock(&s->tenants_mu);
+	t = tenant_entry(s, who->tenant);
+	if (!t) {
+		pthread_mutex_unlock(&s->tenants_mu);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	if (s->cfg->max_calls_per_tenant &&
+	    t->calls >= (long)s->cfg->max_calls_per_tenant) {
+		pthread_mutex_unlock(&s->tenants_mu);
+		return histd_error_set(HISTD_ELIMIT, "the tenant has %ld calls in "
+				       "progress; the limit is %u", t->calls,
+				       s->cfg->max_calls_per_tenant);
+	}
+	t->calls++;
+	c->tenant = t;
+	pthread_mutex_unlock(&s->tenants_mu);
+	return 0;
 }
 
 static void
@@ -269,11 +334,13 @@ handle_unary(struct histd_call *c)
 		       "request has no message", NULL, 0);
 		return;
 	}
-	resolve_caller(c, &who);
 	histd_error_clear();
-	rc = histd_service_unary(c->srv->svc, (enum histd_method)c->method,
-				 &who, GRPC_SLICE_START_PTR(req),
-				 GRPC_SLICE_LENGTH(req), &reply);
+	rc = histd_call_caller(c, &who, 1);
+	if (rc == 0)
+		rc = histd_service_unary(c->srv->svc,
+					 (enum histd_method)c->method, &who,
+					 GRPC_SLICE_START_PTR(req),
+					 GRPC_SLICE_LENGTH(req), &reply);
 	grpc_slice_unref(req);
 	/* Client mistakes are logged at debug; server-side failures at warn.
 	 * Messages name fields, never conversation text. */
@@ -667,11 +734,29 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 		free(s);
 		return HISTD_EINTERNAL;
 	}
+	pthread_mutex_init(&s->tenants_mu, NULL);
+	if (*cfg->api_keys_file &&
+	    histd_auth_new(&s->auth, cfg->api_keys_file) != 0) {
+		histd_reflection_free(s->refl);
+		free(s);
+		return HISTD_EINVALID;
+	}
+	if (s->auth) {
+		char n[24];
+
+		snprintf(n, sizeof(n), "%zu", histd_auth_count(s->auth));
+		histd_log(HISTD_LOG_INFO, "API keys loaded", "keys", n,
+			  "file", cfg->api_keys_file, NULL);
+	} else {
+		histd_log(HISTD_LOG_WARN, "authentication is disabled: every "
+			  "caller is tenant 'default' (--auth-disabled)", NULL);
+	}
 	/* Certificates are checked before anything starts. */
 	if (*cfg->tls_cert &&
 	    histd_tls_new(&s->tls, cfg->tls_cert, cfg->tls_key,
 			  cfg->tls_client_ca) != 0) {
 		histd_reflection_free(s->refl);
+		histd_auth_free(s->auth);
 		free(s);
 		return HISTD_EINVALID;
 	}
@@ -809,6 +894,14 @@ histd_server_free(histd_server *s)
 	free(s->threads);
 	histd_reflection_free(s->refl);
 	histd_tls_free(s->tls);
+	histd_auth_free(s->auth);
+	while (s->tenants) {
+		struct tenant_calls *t = s->tenants;
+
+		s->tenants = t->next;
+		free(t);
+	}
+	pthread_mutex_destroy(&s->tenants_mu);
 	pthread_mutex_destroy(&s->health_mu);
 	pthread_cond_destroy(&s->health_cv);
 	pthread_mutex_destroy(&s->live_mu);

@@ -107,6 +107,7 @@ int bench_server_start(bench_server *s, const char *histd, const char *driver,
 	argv[argc++] = driver;
 	argv[argc++] = "--threads";
 	argv[argc++] = threads_s;
+	argv[argc++] = "--auth-disabled";
 	for (size_t i = 0; i < n_extra; i++)
 		argv[argc++] = extra[i];
 	argv[argc] = NULL;

@@ -133,6 +133,12 @@ int harness_start(histd_proc **out, const char *const *extra)
 	argv[n++] = port_file;
 	argv[n++] = "--driver";
 	argv[n++] = "memory";
+	/* Without keys of its own, a test server runs without auth. */
+	int keys = 0;
+	for (size_t i = 0; extra && extra[i]; i++)
+		keys |= strncmp(extra[i], "--api-keys-file", 15) == 0;
+	if (!keys)
+		argv[n++] = "--auth-disabled";
 	for (size_t i = 0; extra && extra[i] && n < 63; i++)
 		argv[n++] = extra[i];
 	argv[n] = NULL;

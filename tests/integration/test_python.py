@@ -68,7 +68,7 @@ class Server:
         self.log_path = os.path.join(tmp, "histd.log")
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [ARGS.histd, "--listen", "127.0.0.1:0", "--port-file", port_file,
+            [ARGS.histd, "--auth-disabled", "--listen", "127.0.0.1:0", "--port-file", port_file,
              "--driver", "memory", *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30

@@ -30,7 +30,10 @@ defaults_apply_without_input(void **state)
 	(void)state;
 	unsetenv("HISTD_CONFIG");
 	unsetenv("HISTD_LISTEN");
+	setenv("HISTD_AUTH_DISABLED", "true", 1);
 	assert_int_equal(load(&cfg, 1, argv), 0);
+	unsetenv("HISTD_AUTH_DISABLED");
+	assert_int_equal(cfg.auth_disabled, 1);
 	assert_string_equal(cfg.listen, "0.0.0.0:50051");
 	assert_string_equal(cfg.driver, "memory");
 	assert_int_equal(cfg.max_receive_bytes, 4u * 1024 * 1024);
@@ -49,7 +52,7 @@ flag_beats_environment_beats_file(void **state)
 	FILE *f = fdopen(fd, "w");
 	histd_config cfg;
 	char *argv[] = { "histd", "--config", path, "--listen", "127.0.0.1:7",
-			 "--subscriber-queue=8" };
+			 "--subscriber-queue=8", "--auth-disabled" };
 
 	(void)state;
 	fprintf(f, "# histd\nlisten: 127.0.0.1:5\nmax_page_size: 50\n"
@@ -57,7 +60,7 @@ flag_beats_environment_beats_file(void **state)
 	fclose(f);
 	setenv("HISTD_LISTEN", "127.0.0.1:6", 1);
 	setenv("HISTD_MAX_PAGE_SIZE", "70", 1);
-	assert_int_equal(load(&cfg, 6, argv), 0);
+	assert_int_equal(load(&cfg, 7, argv), 0);
 	assert_string_equal(cfg.listen, "127.0.0.1:7");          /* flag */
 	assert_int_equal(cfg.service.max_page_size, 70);          /* env */
 	assert_int_equal(cfg.service.idempotency_ttl_us, 60000000); /* file */
@@ -79,6 +82,9 @@ bad_input_is_refused(void **state)
 	char *suffix[] = { "histd", "--max-message-bytes", "4X" };
 	char *zero_queue[] = { "histd", "--subscriber-queue", "0" };
 	char *nofile[] = { "histd", "--config", "/nonexistent/histd.yaml" };
+	char *no_auth[] = { "histd", "--listen", "127.0.0.1:0" };
+	char *both[] = { "histd", "--auth-disabled", "--api-keys-file", "/k" };
+	char *bad_bool[] = { "histd", "--auth-disabled=maybe" };
 
 	(void)state;
 	assert_int_equal(load(&cfg, 3, unknown), -1);
@@ -92,6 +98,13 @@ bad_input_is_refused(void **state)
 	assert_int_equal(load(&cfg, 3, zero_queue), -1);
 	histd_config_free(&cfg);
 	assert_int_equal(load(&cfg, 3, nofile), -1);
+	histd_config_free(&cfg);
+	/* Authentication is off only when asked for. */
+	assert_int_equal(load(&cfg, 3, no_auth), -1);
+	histd_config_free(&cfg);
+	assert_int_equal(load(&cfg, 4, both), -1);
+	histd_config_free(&cfg);
+	assert_int_equal(load(&cfg, 2, bad_bool), -1);
 	histd_config_free(&cfg);
 }
 

@@ -1,0 +1,259 @@
+#include "auth.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "histd_error.h"
+#include "log.h"
+
+#define DIGEST 32
+#define MAX_TENANT 64
+
+struct key {
+	unsigned char digest[DIGEST];
+	char tenant[MAX_TENANT + 1];
+	int read_only;
+};
+
+/* One loaded set of keys; replaced whole on reload. Tenant strings given
+ * to callers point into a set, so sets are kept until histd_auth_free. */
+struct keyset {
+	struct key *keys;
+	size_t n;
+	struct keyset *older;
+};
+
+struct histd_auth {
+	char *path;
+	pthread_rwlock_t lock;
+	struct keyset *set;
+	struct stat seen;
+	time_t checked;
+	pthread_mutex_t reload_mu;
+};
+
+static void
+digest(const char *s, size_t len, unsigned char out[DIGEST])
+{
+	unsigned int n = DIGEST;
+
+	EVP_Digest(s, len, out, &n, EVP_sha256(), NULL);
+}
+
+static int
+tenant_ok(const char *t)
+{
+	size_t n = strlen(t);
+
+	if (n == 0 || n > MAX_TENANT)
+		return 0;
+	for (; *t; t++)
+		if (!isalnum((unsigned char)*t) && *t != '-' && *t != '_' &&
+		    *t != '.')
+			return 0;
+	return 1;
+}
+
+/* Parses the file into a new set; EINVALID naming the line. */
+static int
+parse(const char *path, struct keyset **out)
+{
+	FILE *f = fopen(path, "r");
+	struct keyset *ks;
+	char line[1024];
+	int lineno = 0, rc = 0;
+	size_t cap = 0;
+
+	if (!f)
+		return histd_error_set(HISTD_EINVALID, "api-keys-file %s: %s",
+				       path, strerror(errno));
+	if (!(ks = calloc(1, sizeof(*ks)))) {
+		fclose(f);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char *save = NULL, *key, *tenant, *role, *extra;
+
+		lineno++;
+		line[strcspn(line, "\r\n")] = '\0';
+		key = strtok_r(line, " \t", &save);
+		if (!key || key[0] == '#')
+			continue;
+		tenant = strtok_r(NULL, " \t", &save);
+		role = strtok_r(NULL, " \t", &save);
+		extra = strtok_r(NULL, " \t", &save);
+		if (!tenant || extra || strlen(key) < 16 || !tenant_ok(tenant) ||
+		    (role && strcmp(role, "read-only") != 0 &&
+		     strcmp(role, "read-write") != 0)) {
+			rc = histd_error_set(HISTD_EINVALID, "api-keys-file %s "
+				"line %d: want 'KEY TENANT [read-only|read-write]' "
+				"with a key of at least 16 characters and a "
+				"tenant of [A-Za-z0-9._-]", path, lineno);
+			break;
+		}
+		if (ks->n == cap) {
+			size_t c = cap ? cap * 2 : 8;
+			struct key *v = realloc(ks->keys, c * sizeof(*v));
+
+			if (!v) {
+				rc = histd_error_set(HISTD_ENOMEM, "out of memory");
+				break;
+			}
+			ks->keys = v;
+			cap = c;
+		}
+		digest(key, strlen(key), ks->keys[ks->n].digest);
+		snprintf(ks->keys[ks->n].tenant, sizeof(ks->keys[ks->n].tenant),
+			 "%s", tenant);
+		ks->keys[ks->n].read_only = role && strcmp(role, "read-only") == 0;
+		ks->n++;
+		OPENSSL_cleanse(line, sizeof(line));
+	}
+	OPENSSL_cleanse(line, sizeof(line));
+	fclose(f);
+	if (rc == 0 && ks->n == 0)
+		rc = histd_error_set(HISTD_EINVALID, "api-keys-file %s holds no "
+				     "keys", path);
+	if (rc) {
+		free(ks->keys);
+		free(ks);
+		return rc;
+	}
+	*out = ks;
+	return 0;
+}
+
+int
+histd_auth_new(histd_auth **out, const char *keys_file)
+{
+	histd_auth *a = calloc(1, sizeof(*a));
+	int rc;
+
+	if (!a)
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	a->path = strdup(keys_file);
+	pthread_rwlock_init(&a->lock, NULL);
+	pthread_mutex_init(&a->reload_mu, NULL);
+	stat(keys_file, &a->seen);
+	a->checked = time(NULL);
+	if ((rc = parse(keys_file, &a->set)) != 0) {
+		histd_auth_free(a);
+		return rc;
+	}
+	*out = a;
+	return 0;
+}
+
+void
+histd_auth_free(histd_auth *a)
+{
+	if (!a)
+		return;
+	for (struct keyset *ks = a->set, *next; ks; ks = next) {
+		next = ks->older;
+		OPENSSL_cleanse(ks->keys, ks->n * sizeof(*ks->keys));
+		free(ks->keys);
+		free(ks);
+	}
+	pthread_rwlock_destroy(&a->lock);
+	pthread_mutex_destroy(&a->reload_mu);
+	free(a->path);
+	free(a);
+}
+
+/* Reads the file again if it changed; one thread at a time. */
+static void
+maybe_reload(histd_auth *a)
+{
+	time_t now = time(NULL);
+	struct keyset *ks;
+	struct stat st;
+
+	if (now - __atomic_load_n(&a->checked, __ATOMIC_RELAXED) < 2)
+		return;
+	if (pthread_mutex_trylock(&a->reload_mu) != 0)
+		return;
+	a->checked = now;
+	if (stat(a->path, &st) == 0 &&
+	    (st.st_mtim.tv_sec != a->seen.st_mtim.tv_sec ||
+	     st.st_mtim.tv_nsec != a->seen.st_mtim.tv_nsec ||
+	     st.st_size != a->seen.st_size || st.st_ino != a->seen.st_ino)) {
+		a->seen = st;
+		if (parse(a->path, &ks) == 0) {
+			char n[24];
+
+			pthread_rwlock_wrlock(&a->lock);
+			ks->older = a->set;
+			a->set = ks;
+			pthread_rwlock_unlock(&a->lock);
+			snprintf(n, sizeof(n), "%zu", ks->n);
+			histd_log(HISTD_LOG_INFO, "API keys reloaded", "keys", n,
+				  NULL);
+		} else {
+			histd_log(HISTD_LOG_WARN, "API keys not reloaded; keeping "
+				  "the previous ones", "error",
+				  histd_error_message(), NULL);
+		}
+	}
+	pthread_mutex_unlock(&a->reload_mu);
+}
+
+int
+histd_auth_check(histd_auth *a, const char *header, size_t len,
+		 const char **tenant, int *read_only)
+{
+	unsigned char d[DIGEST];
+	const struct key *hit = NULL;
+
+	if (!header)
+		return histd_error_set(HISTD_EUNAUTH, "missing credentials: send "
+				       "the metadata 'authorization: Bearer "
+				       "<api key>'");
+	if (len < 7 || strncasecmp(header, "Bearer ", 7) != 0)
+		return histd_error_set(HISTD_EUNAUTH, "authorization must be "
+				       "'Bearer <api key>'");
+	header += 7;
+	len -= 7;
+	while (len && *header == ' ') {
+		header++;
+		len--;
+	}
+	maybe_reload(a);
+	digest(header, len, d);
+	pthread_rwlock_rdlock(&a->lock);
+	/* Every entry is compared, whatever matches, in constant time. */
+	for (size_t i = 0; i < a->set->n; i++) {
+		int same = CRYPTO_memcmp(d, a->set->keys[i].digest, DIGEST) == 0;
+
+		hit = same ? &a->set->keys[i] : hit;
+	}
+	if (hit) {
+		*tenant = hit->tenant;
+		*read_only = hit->read_only;
+	}
+	pthread_rwlock_unlock(&a->lock);
+	OPENSSL_cleanse(d, sizeof(d));
+	if (!hit)
+		return histd_error_set(HISTD_EUNAUTH, "the API key is not valid");
+	return 0;
+}
+
+size_t
+histd_auth_count(histd_auth *a)
+{
+	size_t n;
+
+	pthread_rwlock_rdlock(&a->lock);
+	n = a->set->n;
+	pthread_rwlock_unlock(&a->lock);
+	return n;
+}

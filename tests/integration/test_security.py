@@ -1,0 +1,202 @@
+#!/usr/bin/python3
+"""Security over the wire: API keys and tenants (missing, bad and read-only
+credentials, cross-tenant reads and writes), key reload, keys never
+logged, oversized and malformed requests, and a flood of streams from one
+client while another keeps being served.
+
+    /usr/bin/python3 tests/integration/test_security.py --histd build/server/histd --proto-dir proto
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--histd", required=True)
+ap.add_argument("--proto-dir", required=True)
+ap.add_argument("--protoc", default="protoc")
+ap.add_argument("--plugin", default="/usr/bin/grpc_python_plugin")
+ARGS = ap.parse_args()
+
+tmp = tempfile.mkdtemp()
+subprocess.run([ARGS.protoc, "-I", ARGS.proto_dir, "-I/usr/include",
+                "--python_out=" + tmp, "--grpc_python_out=" + tmp,
+                "--plugin=protoc-gen-grpc_python=" + ARGS.plugin,
+                os.path.join(ARGS.proto_dir, "histd/v1/histd.proto")], check=True)
+sys.path.insert(0, tmp)
+import grpc  # noqa: E402
+from histd.v1 import histd_pb2 as pb, histd_pb2_grpc as rpc  # noqa: E402
+
+KEY_A = "alpha-key-0123456789abcdef"
+KEY_A_RO = "alpha-readonly-0123456789ab"
+KEY_B = "bravo-key-0123456789abcdef"
+KEY_C = "charlie-key-0123456789abcd"
+keys = os.path.join(tmp, "keys")
+with open(keys, "w") as f:
+    f.write("# key  tenant  role\n%s alpha\n%s alpha read-only\n%s bravo\n"
+            % (KEY_A, KEY_A_RO, KEY_B))
+
+log_path = os.path.join(tmp, "histd.log")
+pf = os.path.join(tmp, "port")
+log = open(log_path, "w")
+proc = subprocess.Popen([ARGS.histd, "--listen", "127.0.0.1:0", "--port-file", pf,
+                         "--api-keys-file", keys, "--log-level", "debug",
+                         "--max-message-bytes", "65536", "--max-subscribers", "40",
+                         "--max-concurrent-streams", "100"], stderr=log)
+passes, failures = [], []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    (passes if cond else failures).append(what)
+
+
+def code_of(fn):
+    try:
+        fn()
+        return grpc.StatusCode.OK
+    except grpc.RpcError as e:
+        return e.code()
+
+
+def md(key):
+    return [("authorization", "Bearer " + key)]
+
+
+def text(s):
+    return pb.Message(role=pb.ROLE_USER, content=[pb.ContentBlock(text=pb.TextBlock(text=s))])
+
+
+try:
+    for _ in range(200):
+        if os.path.exists(pf) and open(pf).read().strip():
+            break
+        time.sleep(0.05)
+    target = "127.0.0.1:" + open(pf).read().strip()
+    chan = grpc.insecure_channel(target)
+    s = rpc.HistoryServiceStub(chan)
+
+    # Credentials
+    check(code_of(lambda: s.ListSessions(pb.ListSessionsRequest(), timeout=5))
+          == grpc.StatusCode.UNAUTHENTICATED, "no token: UNAUTHENTICATED")
+    check(code_of(lambda: s.ListSessions(pb.ListSessionsRequest(), timeout=5,
+                                         metadata=md("not-a-key-0123456789")))
+          == grpc.StatusCode.UNAUTHENTICATED, "unknown key: UNAUTHENTICATED")
+    check(code_of(lambda: s.ListSessions(pb.ListSessionsRequest(), timeout=5,
+                                         metadata=[("authorization", "Basic " + KEY_A)]))
+          == grpc.StatusCode.UNAUTHENTICATED, "not a bearer token: UNAUTHENTICATED")
+    check(code_of(lambda: s.Subscribe(pb.SubscribeRequest(session_id="x"), timeout=5).next())
+          == grpc.StatusCode.UNAUTHENTICATED, "Subscribe without token: UNAUTHENTICATED")
+
+    # Tenants
+    s.CreateSession(pb.CreateSessionRequest(session_id="shared-id"), metadata=md(KEY_A))
+    s.Append(pb.AppendRequest(session_id="shared-id", messages=[text("alpha only")]),
+             metadata=md(KEY_A))
+    for name, fn in [
+        ("GetSession", lambda: s.GetSession(pb.GetSessionRequest(session_id="shared-id"),
+                                            metadata=md(KEY_B))),
+        ("GetMessages", lambda: s.GetMessages(pb.GetMessagesRequest(session_id="shared-id"),
+                                              metadata=md(KEY_B))),
+        ("Append", lambda: s.Append(pb.AppendRequest(session_id="shared-id",
+                                                     messages=[text("intrusion")]),
+                                    metadata=md(KEY_B))),
+        ("Clear", lambda: s.Clear(pb.ClearRequest(session_id="shared-id"), metadata=md(KEY_B))),
+        ("DeleteSession", lambda: s.DeleteSession(
+            pb.DeleteSessionRequest(session_id="shared-id"), metadata=md(KEY_B))),
+        ("ForkSession", lambda: s.ForkSession(
+            pb.ForkSessionRequest(session_id="shared-id"), metadata=md(KEY_B))),
+        ("Subscribe", lambda: s.Subscribe(pb.SubscribeRequest(session_id="shared-id"),
+                                          metadata=md(KEY_B), timeout=5).next()),
+    ]:
+        check(code_of(fn) == grpc.StatusCode.NOT_FOUND,
+              "another tenant's session is NOT_FOUND for " + name)
+    got = s.GetMessages(pb.GetMessagesRequest(session_id="shared-id"), metadata=md(KEY_A))
+    check(len(got.messages) == 1 and got.messages[0].content[0].text.text == "alpha only",
+          "the owner's session is untouched")
+    check(code_of(lambda: s.CreateSession(pb.CreateSessionRequest(session_id="shared-id"),
+                                          metadata=md(KEY_B))) == grpc.StatusCode.OK,
+          "the same id in another tenant is another session")
+    listed = s.ListSessions(pb.ListSessionsRequest(), metadata=md(KEY_B))
+    check([x.id for x in listed.sessions] == ["shared-id"] and
+          listed.sessions[0].stats.message_count == 0, "ListSessions shows only the tenant's own")
+
+    # Read-only role
+    check(code_of(lambda: s.GetSession(pb.GetSessionRequest(session_id="shared-id"),
+                                       metadata=md(KEY_A_RO))) == grpc.StatusCode.OK,
+          "read-only key reads")
+    check(code_of(lambda: s.Append(pb.AppendRequest(session_id="shared-id",
+                                                    messages=[text("no")]),
+                                   metadata=md(KEY_A_RO))) == grpc.StatusCode.PERMISSION_DENIED,
+          "read-only key may not write: PERMISSION_DENIED")
+
+    # Oversized and malformed input
+    big = "x" * 70000
+    check(code_of(lambda: s.Append(pb.AppendRequest(session_id="shared-id",
+                                                    messages=[text(big)]),
+                                   metadata=md(KEY_A))) == grpc.StatusCode.RESOURCE_EXHAUSTED,
+          "a request over --max-message-bytes: RESOURCE_EXHAUSTED")
+    raw = chan.unary_unary("/histd.v1.HistoryService/Append",
+                           request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    check(code_of(lambda: raw(b"\x0a\xff\xff\xff\xff\x0f garbage", metadata=md(KEY_A)))
+          == grpc.StatusCode.INVALID_ARGUMENT, "malformed protobuf: INVALID_ARGUMENT")
+
+    # Key reload: a key added to the file works without a restart.
+    with open(keys, "a") as f:
+        f.write("%s charlie\n" % KEY_C)
+    ok = False
+    for _ in range(60):
+        if code_of(lambda: s.ListSessions(pb.ListSessionsRequest(), metadata=md(KEY_C),
+                                          timeout=5)) == grpc.StatusCode.OK:
+            ok = True
+            break
+        time.sleep(0.1)
+    check(ok, "a key added to the file is accepted without a restart")
+
+    # A flood of streams from one client: each gets an answer, others go on.
+    flood = grpc.insecure_channel(target)
+    fs = rpc.HistoryServiceStub(flood)
+    s.CreateSession(pb.CreateSessionRequest(session_id="flood"), metadata=md(KEY_B))
+    streams, codes = [], []
+    for _ in range(60):
+        streams.append(fs.Subscribe(pb.SubscribeRequest(session_id="flood"),
+                                    metadata=md(KEY_B), timeout=20))
+
+    def drain(st):
+        try:
+            for _ in st:
+                pass
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as e:
+            codes.append(e.code())
+    threads = [threading.Thread(target=drain, args=(st,)) for st in streams]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    check(code_of(lambda: s.GetSession(pb.GetSessionRequest(session_id="shared-id"),
+                                       metadata=md(KEY_A), timeout=5)) == grpc.StatusCode.OK,
+          "during the flood another client is served")
+    exhausted = codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+    check(exhausted == 20, "streams past --max-subscribers get RESOURCE_EXHAUSTED (%d of 20)"
+          % exhausted)
+    for st in streams:
+        st.cancel()
+    for t in threads:
+        t.join(timeout=10)
+    flood.close()
+    check(code_of(lambda: s.Subscribe(pb.SubscribeRequest(session_id="flood"),
+                                      metadata=md(KEY_B), timeout=1).next())
+          in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.OK),
+          "after the flood a subscriber is admitted again")
+finally:
+    proc.terminate()
+    rc = proc.wait(timeout=20)
+    log.close()
+
+check(rc == 0, "histd exits 0")
+logtext = open(log_path).read()
+check(all(k not in logtext for k in (KEY_A, KEY_A_RO, KEY_B, KEY_C)), "keys are never logged")
+print("%d passed, %d failed" % (len(passes), len(failures)))
+sys.exit(1 if failures else 0)
