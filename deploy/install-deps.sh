@@ -10,7 +10,8 @@ libpq-dev postgresql-15 postgresql-client-15
 libcurl4-openssl-dev libjansson-dev libyaml-dev libmicrohttpd-dev
 zlib1g-dev uuid-dev libcmocka-dev
 python3 python3-grpcio python3-protobuf protobuf-compiler-grpc
-valgrind procps
+valgrind procps openssl
+clang libclang-rt-14-dev nodejs
 "
 
 missing=""
@@ -18,6 +19,8 @@ for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
 		missing="$missing $p"
 done
+# npm: part of some nodejs builds, a package of its own in Debian's.
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -1,0 +1,191 @@
+#!/bin/sh
+# histctl end to end against a real histd on a free loopback port:
+#   test_histctl.sh HISTD HISTCTL
+# Each check prints "ok - ..." or "not ok - ..."; the last line is
+# "N passed, N failed" and the exit code is 1 if any failed.
+set -u
+histd=$1 histctl=$2
+dir=$(mktemp -d)
+pid= tailpid=
+pass=0 fail=0
+cleanup() {
+	[ -n "$tailpid" ] && kill -9 "$tailpid" 2>/dev/null
+	[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+
+ok() { pass=$((pass + 1)); echo "ok - $1"; }
+bad() { fail=$((fail + 1)); echo "not ok - $1"; }
+check() { # check NAME COMMAND...: passes when the command succeeds
+	name=$1; shift
+	if "$@"; then ok "$name"; else bad "$name"; fi
+}
+expect_exit() { # expect_exit NAME CODE histctl-args...
+	name=$1 want=$2; shift 2
+	"$histctl" --target "$target" "$@" >"$dir/out" 2>"$dir/err" </dev/null
+	got=$?
+	if [ "$got" -eq "$want" ]; then ok "$name (exit $got)"
+	else bad "$name: exit $got, want $want: $(cat "$dir/err")"; fi
+}
+ctl() { "$histctl" --target "$target" "$@"; }
+json_get() { # json_get FILE PYTHON-EXPR-ON-d: prints the value
+	/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"
+}
+wait_for() { # wait_for FILE PATTERN: up to 10 s
+	i=0
+	while ! grep -q "$2" "$1" 2>/dev/null; do
+		i=$((i + 1)); [ $i -gt 200 ] && return 1; sleep 0.05
+	done
+}
+
+"$histd" --auth-disabled --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn &
+pid=$!
+i=0
+while [ ! -s "$dir/port" ]; do
+	i=$((i + 1)); [ $i -gt 200 ] && { echo "histd did not start"; exit 1; }
+	sleep 0.05
+done
+target="127.0.0.1:$(cat "$dir/port")"
+
+# Sessions.
+sid=$(ctl create --label app=test --key user=u1)
+check "create prints the new session id" [ -n "$sid" ]
+check "resolve by the same keys gives the same session" [ "$(ctl resolve --key user=u1)" = "$sid" ]
+ctl create --id fixed-id >/dev/null
+expect_exit "create with an existing id is ALREADY_EXISTS" 4 create --id fixed-id
+expect_exit "delete removes a session" 0 delete fixed-id
+expect_exit "session of an unknown id is NOT_FOUND" 3 session fixed-id
+ctl list >"$dir/list"
+check "list shows the session with its labels" grep -q "$sid .*app=test" "$dir/list"
+ctl list --json >"$dir/list.json"
+check "list --json holds the session" [ "$(json_get "$dir/list.json" 'd["sessions"][0]["id"]')" = "$sid" ]
+
+# Append: plain text from arguments and from standard input, and JSON.
+ctl append "$sid" "hello from histctl" >/dev/null
+check "append text from arguments" [ $? -eq 0 ]
+printf 'line one\nline two\n' | ctl append "$sid" --role assistant --author bot >"$dir/a2"
+check "append text from stdin reports its seq" grep -q "^seq 2..2 revision" "$dir/a2"
+cat >"$dir/msgs.json" <<'JSON'
+[{"role": "assistant", "content": [{"toolCall": {"id": "call_1", "name": "get_weather",
+  "arguments": "{\"city\": \"Paris\"}"}}]},
+ {"role": "ROLE_TOOL", "content": [{"tool_result": {"tool_call_id": "call_1",
+  "content": ["18 C, clear"]}}]},
+ {"role": "assistant", "text": "18 C and clear.", "metadata": {"k": "v"}}]
+JSON
+ctl append "$sid" --json-input --file "$dir/msgs.json" --json >"$dir/a3.json"
+check "append JSON messages as one batch" [ "$(json_get "$dir/a3.json" 'd["first_seq"]+".."+d["last_seq"]')" = "3..5" ]
+echo '{"role": "robot", "text": "x"}' >"$dir/badrole.json"
+expect_exit "append JSON with an unknown role is invalid input" 6 append "$sid" -J --file "$dir/badrole.json"
+echo '{"role": "user"' >"$dir/broken.json"
+expect_exit "append of broken JSON is invalid input" 6 append "$sid" -J --file "$dir/broken.json"
+expect_exit "append with a stale revision is a conflict" 5 append "$sid" late --revision 1
+expect_exit "append to an unknown session is NOT_FOUND" 3 append no-such-session hi
+ctl append "$sid" again --idempotency-key k1 >/dev/null
+ctl append "$sid" again --idempotency-key k1 >"$dir/replay"
+check "an idempotent retry says replayed" grep -q "(replayed)" "$dir/replay"
+expect_exit "the same key with another request is a conflict" 5 append "$sid" other --idempotency-key k1
+
+# Get: table and JSON.
+ctl get "$sid" >"$dir/table"
+check "get prints a header" grep -q "^ *SEQ  ROLE .*CONTENT" "$dir/table"
+check "get shows text on one line" grep -q "assistant  bot .*line one\\\\nline two" "$dir/table"
+check "get shows tool calls and results" grep -q "tool_call call_1 get_weather" "$dir/table"
+check "get shows a tool result's text" grep -q "tool_result call_1: 18 C, clear" "$dir/table"
+ctl get "$sid" --json >"$dir/get.json"
+check "get --json holds every message" [ "$(json_get "$dir/get.json" 'len(d["messages"])')" = 6 ]
+check "get --json keeps metadata" [ "$(json_get "$dir/get.json" 'd["messages"][4]["metadata"]["k"]')" = v ]
+check "get --json names roles" [ "$(json_get "$dir/get.json" 'd["messages"][3]["role"]')" = ROLE_TOOL ]
+ctl get "$sid" --json --last 2 >"$dir/last.json"
+check "get --last 2 returns the last two" [ "$(json_get "$dir/last.json" '[m["seq"] for m in d["messages"]]')" = "['5', '6']" ]
+ctl get "$sid" --json --after 2 --limit 2 >"$dir/page.json"
+check "get --after --limit pages" [ "$(json_get "$dir/page.json" '[m["seq"] for m in d["messages"]]')" = "['3', '4']" ]
+ctl get "$sid" --view context >/dev/null
+check "get --view context answers" [ $? -eq 0 ]
+expect_exit "get with an unknown view is a usage error" 2 get "$sid" --view sideways
+
+# tail -f: replays the last N, then receives live appends.
+"$histctl" --target "$target" tail "$sid" -n 1 -f >"$dir/tail" 2>"$dir/tail.err" &
+tailpid=$!
+check "tail -f replays the last message" wait_for "$dir/tail" "again"
+ctl append "$sid" "live append one" >/dev/null
+ctl append "$sid" --role assistant "live append two" >/dev/null
+check "tail -f receives a live append" wait_for "$dir/tail" "live append one"
+check "tail -f receives a second live append" wait_for "$dir/tail" "assistant .*live append two"
+kill -TERM "$tailpid"
+wait "$tailpid"
+rc=$?
+tailpid=
+check "tail -f stops with 0 on SIGTERM" [ "$rc" -eq 0 ]
+"$histctl" --target "$target" tail "$sid" -n 0 -f --json >"$dir/tail.json" &
+tailpid=$!
+sleep 0.3
+ctl append "$sid" "before delete" >/dev/null
+wait_for "$dir/tail.json" "before delete"
+ctl delete "$sid"
+i=0
+while kill -0 "$tailpid" 2>/dev/null && [ $i -lt 100 ]; do i=$((i + 1)); sleep 0.05; done
+wait "$tailpid"
+rc=$?
+tailpid=
+check "tail -f ends with 0 when the session is deleted" [ "$rc" -eq 0 ]
+check "tail -f --json prints one event per line" [ "$(grep -c '"session_id"' "$dir/tail.json")" -eq 2 ]
+check "tail -f --json ends with the deleted event" grep -q '"deleted"' "$dir/tail.json"
+
+# Exit codes of the tool itself.
+expect_exit "no command is a usage error" 2
+expect_exit "an unknown command is a usage error" 2 frobnicate
+expect_exit "an unknown option is a usage error" 2 list --frobnicate
+expect_exit "a missing session id is a usage error" 2 get
+expect_exit "help exits 0" 0 help
+check "help text names every command" grep -q "tail ID" "$dir/out"
+expect_exit "health of a serving server is 0" 0 health
+"$histctl" --target 127.0.0.1:1 --timeout 2 list >/dev/null 2>"$dir/err"
+rc=$?
+check "an unreachable server is exit 7 (UNAVAILABLE)" [ "$rc" -eq 7 ]
+check "errors are one line on stderr" [ "$(wc -l <"$dir/err")" -eq 1 ]
+sid2=$(ctl create)
+expect_exit "export with an unknown format is a usage error" 2 export "$sid2" --format klingon
+"$histctl" --target "$target" export "$sid2" --format openai-chat >/dev/null 2>&1
+rc=$?
+check "export answers OK or UNIMPLEMENTED (exit 0 or 10)" [ "$rc" -eq 0 -o "$rc" -eq 10 ]
+echo '{"messages": [{"role": "user", "content": "hi"}]}' >"$dir/chat.json"
+"$histctl" --target "$target" import "$sid2" --format openai-chat "$dir/chat.json" >/dev/null 2>&1
+rc=$?
+check "import answers OK or UNIMPLEMENTED (exit 0 or 10)" [ "$rc" -eq 0 -o "$rc" -eq 10 ]
+"$histctl" --target "$target" reduce "$sid2" --max-entries 1 >/dev/null 2>&1
+rc=$?
+check "reduce answers OK or UNIMPLEMENTED (exit 0 or 10)" [ "$rc" -eq 0 -o "$rc" -eq 10 ]
+
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+pid=
+check "histd exits 0 on SIGTERM" [ "$rc" -eq 0 ]
+
+# Bearer token: only where this histd has API keys.
+if "$histd" --help 2>&1 | grep -q -- "--api-keys-file"; then
+	printf 'key-rw-0123456789abcdef tenant-a\nkey-ro-0123456789abcdef tenant-a read-only\n' >"$dir/keys"
+	rm -f "$dir/port"
+	"$histd" --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn \
+		--api-keys-file "$dir/keys" &
+	pid=$!
+	i=0
+	while [ ! -s "$dir/port" ]; do
+		i=$((i + 1)); [ $i -gt 200 ] && { echo "histd did not start"; exit 1; }
+		sleep 0.05
+	done
+	target="127.0.0.1:$(cat "$dir/port")"
+	expect_exit "no token is UNAUTHENTICATED (exit 8)" 8 list
+	expect_exit "a wrong token is UNAUTHENTICATED (exit 8)" 8 --token nope list
+	expect_exit "--token is sent as a bearer token" 0 --token key-rw-0123456789abcdef create
+	HISTD_TOKEN=key-rw-0123456789abcdef "$histctl" --target "$target" list >/dev/null 2>&1
+	check "HISTD_TOKEN is used when --token is not given" [ $? -eq 0 ]
+	expect_exit "a read-only key may not write (exit 8)" 8 --token key-ro-0123456789abcdef create
+	kill -TERM "$pid"; wait "$pid"; pid=
+else
+	echo "# skipped: this histd has no --api-keys-file"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
