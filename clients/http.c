@@ -1,0 +1,398 @@
+/*
+ * libcurl under the provider clients: a pool of easy handles (connection
+ * reuse), a cap on concurrent calls, timeouts, and retries with backoff and
+ * jitter that honour Retry-After. See http.h for the contract.
+ */
+#include "http.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+struct histd_http {
+	histd_http_config cfg;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint32_t in_flight;
+	/* Idle easy handles; each keeps its own connection cache. */
+	CURL **idle;
+	size_t n_idle;
+	histd_http_stats stats;
+};
+
+static pthread_once_t global_once = PTHREAD_ONCE_INIT;
+static CURLcode global_rc;
+
+static void
+global_init(void)
+{
+	global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+void
+histd_http_config_default(histd_http_config *c)
+{
+	c->connect_timeout_ms = 5000;
+	c->timeout_ms = 60000;
+	c->max_retries = 3;
+	c->backoff_base_ms = 500;
+	c->backoff_max_ms = 30000;
+	c->max_concurrent = 8;
+	c->max_response_bytes = 16u << 20;
+}
+
+int
+histd_http_new(histd_http **out, const histd_http_config *cfg)
+{
+	histd_http *h;
+
+	if (!cfg->max_concurrent)
+		return histd_error_set(HISTD_EINVALID,
+				       "max_concurrent must be at least 1");
+	pthread_once(&global_once, global_init);
+	if (global_rc != CURLE_OK)
+		return histd_error_set(HISTD_EINTERNAL, "libcurl did not "
+				       "initialize: %s",
+				       curl_easy_strerror(global_rc));
+	if (!(h = calloc(1, sizeof(*h))) ||
+	    !(h->idle = calloc(cfg->max_concurrent, sizeof(*h->idle)))) {
+		free(h);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	h->cfg = *cfg;
+	pthread_mutex_init(&h->mu, NULL);
+	pthread_cond_init(&h->cv, NULL);
+	*out = h;
+	return 0;
+}
+
+void
+histd_http_free(histd_http *h)
+{
+	if (!h)
+		return;
+	for (size_t i = 0; i < h->n_idle; i++)
+		curl_easy_cleanup(h->idle[i]);
+	free(h->idle);
+	pthread_mutex_destroy(&h->mu);
+	pthread_cond_destroy(&h->cv);
+	free(h);
+}
+
+void
+histd_http_response_clear(histd_http_response *r)
+{
+	free(r->body);
+	memset(r, 0, sizeof(*r));
+}
+
+void
+histd_http_get_stats(histd_http *h, histd_http_stats *out)
+{
+	pthread_mutex_lock(&h->mu);
+	*out = h->stats;
+	pthread_mutex_unlock(&h->mu);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The pool                                                               */
+
+/* Waits for a free slot; returns a handle (pooled or new), or NULL. */
+static CURL *
+acquire(histd_http *h)
+{
+	CURL *c;
+
+	pthread_mutex_lock(&h->mu);
+	while (h->in_flight >= h->cfg.max_concurrent)
+		pthread_cond_wait(&h->cv, &h->mu);
+	h->in_flight++;
+	if (h->in_flight > h->stats.max_in_flight)
+		h->stats.max_in_flight = h->in_flight;
+	h->stats.in_flight = h->in_flight;
+	c = h->n_idle ? h->idle[--h->n_idle] : NULL;
+	pthread_mutex_unlock(&h->mu);
+	if (!c && !(c = curl_easy_init())) {
+		pthread_mutex_lock(&h->mu);
+		h->in_flight--;
+		h->stats.in_flight = h->in_flight;
+		pthread_cond_signal(&h->cv);
+		pthread_mutex_unlock(&h->mu);
+	}
+	return c;
+}
+
+static void
+release(histd_http *h, CURL *c)
+{
+	pthread_mutex_lock(&h->mu);
+	/* At most max_concurrent handles exist, so the array has room. */
+	if (c)
+		h->idle[h->n_idle++] = c;
+	h->in_flight--;
+	h->stats.in_flight = h->in_flight;
+	pthread_cond_signal(&h->cv);
+	pthread_mutex_unlock(&h->mu);
+}
+
+/* ---------------------------------------------------------------------- */
+/* One attempt                                                            */
+
+typedef struct sink {
+	char *p;
+	size_t n, cap, max;
+	int too_big;
+} sink;
+
+static size_t
+on_data(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+	sink *s = ud;
+	size_t len = size * nmemb;
+
+	if (s->n + len > s->max) {
+		s->too_big = 1;
+		return 0;   /* curl aborts with CURLE_WRITE_ERROR */
+	}
+	if (s->n + len + 1 > s->cap) {
+		size_t cap = s->cap ? s->cap : 4096;
+		char *p;
+
+		while (cap < s->n + len + 1)
+			cap *= 2;
+		if (!(p = realloc(s->p, cap)))
+			return 0;
+		s->p = p;
+		s->cap = cap;
+	}
+	memcpy(s->p + s->n, ptr, len);
+	s->n += len;
+	s->p[s->n] = '\0';
+	return len;
+}
+
+static int64_t
+now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void
+sleep_ms(int64_t ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000 };
+
+	while (ms > 0 && nanosleep(&ts, &ts) == -1 && errno == EINTR)
+		;
+}
+
+static int
+retryable_status(long st)
+{
+	return st == 408 || st == 409 || st == 429 || st == 500 ||
+	       st == 502 || st == 503 || st == 504 || st == 529;
+}
+
+static int
+retryable_curl(CURLcode rc)
+{
+	switch (rc) {
+	case CURLE_COULDNT_CONNECT:
+	case CURLE_COULDNT_RESOLVE_HOST:
+	case CURLE_OPERATION_TIMEDOUT:
+	case CURLE_SEND_ERROR:
+	case CURLE_RECV_ERROR:
+	case CURLE_GOT_NOTHING:
+	case CURLE_PARTIAL_FILE:
+	case CURLE_SSL_CONNECT_ERROR:
+	case CURLE_HTTP2:
+	case CURLE_HTTP2_STREAM:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* Retry-After in milliseconds (seconds or an HTTP date); -1 if none. */
+static int64_t
+retry_after_ms(CURL *c)
+{
+	curl_off_t secs = -1;
+
+	/* libcurl parses both forms (7.66+): seconds from now. */
+	if (curl_easy_getinfo(c, CURLINFO_RETRY_AFTER, &secs) != CURLE_OK ||
+	    secs < 0)
+		return -1;
+	if (secs > 24 * 3600)
+		secs = 24 * 3600;
+	return (int64_t)secs * 1000;
+}
+
+static uint64_t
+rand64(void)
+{
+	uint64_t r = 0;
+
+	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r))
+		r = (uint64_t)now_ms() * 6364136223846793005ull;
+	return r;
+}
+
+/* Full jitter: uniform in [base*2^n / 2, base*2^n], capped. */
+static int64_t
+backoff_ms(const histd_http_config *cfg, uint32_t n)
+{
+	uint64_t d = cfg->backoff_base_ms;
+
+	for (uint32_t i = 0; i < n && d < cfg->backoff_max_ms; i++)
+		d *= 2;
+	if (d > cfg->backoff_max_ms)
+		d = cfg->backoff_max_ms;
+	if (d < 2)
+		return (int64_t)d;
+	return (int64_t)(d / 2 + rand64() % (d / 2 + 1));
+}
+
+static int
+error_for(long status, CURLcode crc, int too_big, size_t max)
+{
+	if (too_big)
+		return histd_error_set(HISTD_EUNAVAILABLE, "provider answer "
+				       "exceeds %zu bytes", max);
+	if (crc != CURLE_OK)
+		return histd_error_set(HISTD_EUNAVAILABLE, "provider "
+				       "unreachable: %s",
+				       curl_easy_strerror(crc));
+	if (status == 429)
+		return histd_error_set(HISTD_ELIMIT, "provider answered 429 "
+				       "(rate limited)");
+	if (status == 401 || status == 403)
+		return histd_error_set(HISTD_EUNAUTH, "provider answered %ld "
+				       "(check the API key)", status);
+	if (status >= 500 || retryable_status(status))
+		return histd_error_set(HISTD_EUNAVAILABLE, "provider answered "
+				       "%ld", status);
+	return histd_error_set(HISTD_EINVALID, "provider refused the request "
+			       "(HTTP %ld)", status);
+}
+
+int
+histd_http_post(histd_http *h, const char *url, const char *const *headers,
+		size_t n_headers, const char *body, size_t len,
+		uint32_t deadline_ms, histd_http_response *out)
+{
+	int64_t start = now_ms(), deadline = deadline_ms ? start + deadline_ms
+							  : INT64_MAX;
+	struct curl_slist *hl = NULL, *t;
+	uint32_t attempt = 0;
+	int rc = 0;
+
+	memset(out, 0, sizeof(out[0]));
+	for (size_t i = 0; i < n_headers; i++) {
+		if (!(t = curl_slist_append(hl, headers[i]))) {
+			curl_slist_free_all(hl);
+			return histd_error_set(HISTD_ENOMEM, "out of memory");
+		}
+		hl = t;
+	}
+	if (!(t = curl_slist_append(hl, "Content-Type: application/json")) ||
+	    !(hl = t, t = curl_slist_append(hl, "Expect:"))) {
+		curl_slist_free_all(hl);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	hl = t;
+	pthread_mutex_lock(&h->mu);
+	h->stats.calls++;
+	pthread_mutex_unlock(&h->mu);
+	for (;;) {
+		sink s = { .max = h->cfg.max_response_bytes };
+		int64_t left = deadline - now_ms(), wait;
+		long status = 0, per = h->cfg.timeout_ms;
+		CURLcode crc;
+		CURL *c;
+
+		if (left <= 0) {
+			rc = rc ? rc : histd_error_set(HISTD_EUNAVAILABLE,
+				"provider call exceeded its deadline");
+			break;
+		}
+		if (left < per)
+			per = (long)left;
+		if (!(c = acquire(h))) {
+			rc = histd_error_set(HISTD_EINTERNAL,
+					     "libcurl handle not created");
+			break;
+		}
+		attempt++;
+		curl_easy_reset(c);
+		curl_easy_setopt(c, CURLOPT_URL, url);
+		curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+		curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+		curl_easy_setopt(c, CURLOPT_VERBOSE, 0L);
+		curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
+		curl_easy_setopt(c, CURLOPT_POST, 1L);
+		curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+		curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
+				 (curl_off_t)len);
+		curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
+				 (long)h->cfg.connect_timeout_ms);
+		curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, per);
+		curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+		curl_easy_setopt(c, CURLOPT_WRITEDATA, &s);
+		curl_easy_setopt(c, CURLOPT_ACCEPT_ENCODING, "");
+		curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+		crc = curl_easy_perform(c);
+		if (crc == CURLE_OK)
+			curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+		wait = status == 429 || status == 503 ? retry_after_ms(c) : -1;
+		release(h, c);
+		pthread_mutex_lock(&h->mu);
+		h->stats.attempts++;
+		pthread_mutex_unlock(&h->mu);
+
+		free(out->body);
+		out->body = s.p;
+		out->len = s.n;
+		out->status = status;
+		out->attempts = attempt;
+		if (crc == CURLE_OK && status >= 200 && status < 300) {
+			if (!out->body && !(out->body = calloc(1, 1)))
+				rc = histd_error_set(HISTD_ENOMEM,
+						     "out of memory");
+			else
+				rc = 0;
+			break;
+		}
+		rc = error_for(status, crc, s.too_big,
+			       h->cfg.max_response_bytes);
+		if (s.too_big || attempt > h->cfg.max_retries ||
+		    !(crc == CURLE_OK ? retryable_status(status)
+				      : retryable_curl(crc)))
+			break;
+		{
+			int64_t b = backoff_ms(&h->cfg, attempt - 1);
+
+			if (wait < b)
+				wait = b;
+		}
+		/* A wait that ends past the deadline is not worth starting:
+		 * the caller hears now (ELIMIT for a 429). */
+		if (now_ms() + wait >= deadline)
+			break;
+		pthread_mutex_lock(&h->mu);
+		h->stats.retries++;
+		pthread_mutex_unlock(&h->mu);
+		sleep_ms(wait);
+	}
+	curl_slist_free_all(hl);
+	if (rc == 0 && out->status == 0)
+		rc = histd_error_set(HISTD_EINTERNAL, "no HTTP status");
+	return rc;
+}

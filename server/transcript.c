@@ -1,0 +1,196 @@
+/*
+ * Export and Import (see transcript.h): the driver on one side, the
+ * provider formats of clients/ on the other.
+ */
+#include "transcript.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Messages read per driver call. */
+#define PAGE 1000
+
+static int
+enomem(void)
+{
+	return histd_error_set(HISTD_ENOMEM, "out of memory");
+}
+
+static int
+check_format(Histd__V1__Format f)
+{
+	if (f == HISTD__V1__FORMAT__FORMAT_UNSPECIFIED)
+		return histd_error_set(HISTD_EINVALID, "format is required");
+	if (!histd_format_name(f))
+		return histd_error_set(HISTD_EINVALID,
+				       "format is not a known Format");
+	return 0;
+}
+
+static int
+pack(const ProtobufCMessage *m, uint8_t **out, size_t *out_len)
+{
+	size_t n = protobuf_c_message_get_packed_size(m);
+	uint8_t *buf = malloc(n ? n : 1);
+
+	if (!buf)
+		return enomem();
+	*out_len = protobuf_c_message_pack(m, buf);
+	*out = buf;
+	return 0;
+}
+
+int
+histd_transcript_export_messages(Histd__V1__Format format,
+				 Histd__V1__Message *const *messages, size_t n,
+				 const Histd__V1__Summary *summary,
+				 uint8_t **out, size_t *out_len)
+{
+	Histd__V1__ExportResponse resp = HISTD__V1__EXPORT_RESPONSE__INIT;
+	Histd__V1__Message **all = NULL, sm = HISTD__V1__MESSAGE__INIT;
+	Histd__V1__ContentBlock sb = HISTD__V1__CONTENT_BLOCK__INIT, *sbp = &sb;
+	Histd__V1__TextBlock st = HISTD__V1__TEXT_BLOCK__INIT;
+	histd_strlist dropped = { 0 };
+	char *json = NULL, *text = NULL;
+	int rc;
+
+	if ((rc = check_format(format)))
+		return rc;
+	if (summary && summary->text[0]) {
+		if (asprintf(&text, "Summary of the earlier conversation:\n%s",
+			     summary->text) < 0 ||
+		    !(all = malloc((n + 1) * sizeof(*all)))) {
+			if (text && all == NULL)
+				free(text);
+			return enomem();
+		}
+		st.text = text;
+		sb.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+		sb.text = &st;
+		sm.role = HISTD__V1__ROLE__ROLE_SYSTEM;
+		sm.n_content = 1;
+		sm.content = &sbp;
+		all[0] = &sm;
+		if (n)
+			memcpy(all + 1, messages, n * sizeof(*all));
+		messages = all;
+		n++;
+	}
+	rc = histd_transcript_to_json(format, messages, n, &json, &dropped);
+	if (!rc) {
+		resp.json = json;
+		resp.n_dropped = dropped.n;
+		resp.dropped = dropped.v;
+		rc = pack(&resp.base, out, out_len);
+	}
+	free(json);
+	free(text);
+	free(all);
+	histd_strlist_clear(&dropped);
+	return rc;
+}
+
+int
+histd_transcript_export(histd_driver *d, const char *tenant,
+			const Histd__V1__ExportRequest *req, uint8_t **out,
+			size_t *out_len)
+{
+	Histd__V1__Message **msgs = NULL;
+	size_t n = 0, cap = 0;
+	uint64_t after = 0;
+	int rc, more = 1;
+
+	if ((rc = check_format(req->format)))
+		return rc;
+	switch (req->view) {
+	case HISTD__V1__VIEW__VIEW_UNSPECIFIED:
+	case HISTD__V1__VIEW__VIEW_RAW:
+	/* No context pipeline yet: CONTEXT is RAW, as in GetMessages. */
+	case HISTD__V1__VIEW__VIEW_CONTEXT:
+		break;
+	default:
+		return histd_error_set(HISTD_EINVALID,
+				       "view is not a known View");
+	}
+	while (more && !rc) {
+		histd_read q = { .tenant = tenant,
+				 .session_id = req->session_id,
+				 .after_seq = after, .limit = PAGE };
+		histd_read_result res = { 0 };
+
+		if ((rc = histd_driver_read(d, &q, &res)))
+			break;
+		more = res.has_more && res.records.n > 0;
+		for (size_t i = 0; i < res.records.n && !rc; i++) {
+			const histd_record *r = &res.records.v[i];
+			Histd__V1__Message *m;
+
+			if (n == cap) {
+				size_t nc = cap ? 2 * cap : 64;
+				Histd__V1__Message **v = realloc(msgs,
+						nc * sizeof(*v));
+
+				if (!v) {
+					rc = enomem();
+					break;
+				}
+				msgs = v;
+				cap = nc;
+			}
+			m = histd__v1__message__unpack(NULL, r->len, r->data);
+			if (!m) {
+				rc = histd_error_set(HISTD_ECORRUPT,
+					"the stored message at seq %llu does "
+					"not decode",
+					(unsigned long long)r->seq);
+				break;
+			}
+			msgs[n++] = m;
+			after = r->seq;
+		}
+		histd_read_result_clear(&res);
+	}
+	if (!rc)
+		rc = histd_transcript_export_messages(req->format, msgs, n,
+						      NULL, out, out_len);
+	for (size_t i = 0; i < n; i++)
+		histd__v1__message__free_unpacked(msgs[i], NULL);
+	free(msgs);
+	return rc;
+}
+
+int
+histd_transcript_import(const Histd__V1__ImportRequest *req,
+			const histd_transcript_limits *lim,
+			histd_transcript *out)
+{
+	int rc;
+
+	if ((rc = check_format(req->format)))
+		return rc;
+	if (!req->json[0])
+		return histd_error_set(HISTD_EINVALID, "json is required");
+	if ((rc = histd_transcript_from_json(req->format, req->json,
+					     strlen(req->json), lim, out)))
+		return rc;
+	if (out->n_messages == 0) {
+		histd_transcript_clear(out);
+		return histd_error_set(HISTD_EINVALID, "json holds no message "
+				       "histd can keep");
+	}
+	return 0;
+}
+
+int
+histd_transcript_import_reply(const Histd__V1__AppendResponse *append,
+			      const histd_transcript *t, uint8_t **out,
+			      size_t *out_len)
+{
+	Histd__V1__ImportResponse resp = HISTD__V1__IMPORT_RESPONSE__INIT;
+
+	resp.append = (Histd__V1__AppendResponse *)append;
+	resp.n_dropped = t->dropped.n;
+	resp.dropped = t->dropped.v;
+	return pack(&resp.base, out, out_len);
+}

@@ -1,0 +1,61 @@
+/*
+ * The Export and Import RPCs on top of the driver and the provider formats
+ * (clients/transcript.h). service.c calls these from its handlers, after it
+ * has checked session_id, and keeps everything else an RPC does (tenant,
+ * status mapping, the append path of Import) in one place.
+ *
+ * Export: reads the whole session (RAW; CONTEXT until the context pipeline
+ * exists, then histd_transcript_export_messages with what the pipeline
+ * gives), converts it, and packs an ExportResponse.
+ *
+ * Import: converts the body into messages (histd_transcript_import); the
+ * caller appends them exactly as Append would (validation, token estimate,
+ * expected_revision, idempotency_key) and packs the answer with
+ * histd_transcript_import_reply.
+ *
+ * Threads: reentrant. Errors: 0 or a negative HISTD_E* code with the
+ * thread's message set; EINVALID messages name the field or JSON path.
+ */
+#ifndef HISTD_SERVER_TRANSCRIPT_H
+#define HISTD_SERVER_TRANSCRIPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "driver.h"
+#include "histd/v1/histd.pb-c.h"
+/* clients/transcript.h: this header shares its name. */
+#include "../clients/transcript.h"
+
+/* Checks req->format and req->view (EINVALID naming the field), reads
+ * every message of the session through the driver (ENOTFOUND for an
+ * unknown session of the tenant) and sets *out to the packed
+ * ExportResponse (malloc'ed; the caller frees it with free()). */
+int histd_transcript_export(histd_driver *d, const char *tenant,
+			    const Histd__V1__ExportRequest *req,
+			    uint8_t **out, size_t *out_len);
+
+/* The packed ExportResponse of the given messages (borrowed). summary, if
+ * not NULL, goes first as a system message ("Summary of the earlier
+ * conversation: ..."), as the CONTEXT view starts with it. */
+int histd_transcript_export_messages(Histd__V1__Format format,
+				     Histd__V1__Message *const *messages,
+				     size_t n,
+				     const Histd__V1__Summary *summary,
+				     uint8_t **out, size_t *out_len);
+
+/* Checks req->format, converts req->json into out (see
+ * histd_transcript_from_json; lim NULL: defaults; the caller sets
+ * max_string_bytes to its max_message_bytes and max_messages to its
+ * max_messages_per_append). EINVALID when the body holds no message. */
+int histd_transcript_import(const Histd__V1__ImportRequest *req,
+			    const histd_transcript_limits *lim,
+			    histd_transcript *out);
+
+/* The packed ImportResponse: append (borrowed) and the dropped lines of
+ * t. *out malloc'ed; the caller frees it with free(). */
+int histd_transcript_import_reply(const Histd__V1__AppendResponse *append,
+				  const histd_transcript *t, uint8_t **out,
+				  size_t *out_len);
+
+#endif

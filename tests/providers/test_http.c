@@ -1,0 +1,315 @@
+/*
+ * The HTTP layer against the stub provider on loopback: retries on 429
+ * (honouring Retry-After) and 5xx, no retries on other 4xx, timeouts on
+ * slow answers, deadlines, the cap on concurrent calls, size limits, and
+ * keys that never reach an error message.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "http.h"
+#include "stub_provider.h"
+
+static const char *const hdrs[] = { "Authorization: Bearer SECRETKEY" };
+
+static long
+ms_since(struct timespec *t0)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (t.tv_sec - t0->tv_sec) * 1000 +
+	       (t.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+typedef struct fixture {
+	stub *s;
+	histd_http *h;
+	char url[128];
+} fixture;
+
+static fixture *
+setup_with(histd_http_config *cfg)
+{
+	fixture *f = calloc(1, sizeof(*f));
+
+	assert_non_null(f->s = stub_start());
+	assert_int_equal(histd_http_new(&f->h, cfg), 0);
+	snprintf(f->url, sizeof(f->url), "%s/v1/messages", stub_url(f->s));
+	return f;
+}
+
+static fixture *
+setup(void)
+{
+	histd_http_config cfg;
+
+	histd_http_config_default(&cfg);
+	cfg.backoff_base_ms = 10;
+	cfg.backoff_max_ms = 50;
+	cfg.timeout_ms = 5000;
+	return setup_with(&cfg);
+}
+
+static void
+teardown(fixture *f)
+{
+	histd_http_free(f->h);
+	stub_stop(f->s);
+	free(f);
+}
+
+static int
+post(fixture *f, uint32_t deadline_ms, histd_http_response *r)
+{
+	return histd_http_post(f->h, f->url, hdrs, 1, "{}", 2, deadline_ms, r);
+}
+
+static void
+success_returns_the_body(void **state)
+{
+	fixture *f = setup();
+	histd_http_response r;
+	char *auth;
+
+	(void)state;
+	assert_int_equal(post(f, 0, &r), 0);
+	assert_int_equal(r.status, 200);
+	assert_int_equal(r.attempts, 1);
+	assert_non_null(strstr(r.body, "stub summary"));
+	auth = stub_last_header(f->s, "Authorization");
+	assert_string_equal(auth, "Bearer SECRETKEY");
+	free(auth);
+	histd_http_response_clear(&r);
+	/* The second call reuses the pooled handle and its connection. */
+	assert_int_equal(post(f, 0, &r), 0);
+	histd_http_response_clear(&r);
+	teardown(f);
+}
+
+static void
+rate_limit_waits_for_retry_after(void **state)
+{
+	fixture *f = setup();
+	histd_http_response r;
+	struct timespec t0;
+
+	(void)state;
+	stub_push(f->s, (stub_reply){ 429, 1, 0, "{\"error\":\"slow down\"}" });
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	assert_int_equal(post(f, 0, &r), 0);
+	assert_true(ms_since(&t0) >= 950);
+	assert_int_equal(r.attempts, 2);
+	assert_int_equal(stub_requests(f->s), 2);
+	histd_http_response_clear(&r);
+	teardown(f);
+}
+
+static void
+rate_limit_past_the_last_retry_is_elimit(void **state)
+{
+	histd_http_config cfg;
+	histd_http_response r;
+	fixture *f;
+
+	(void)state;
+	histd_http_config_default(&cfg);
+	cfg.max_retries = 2;
+	cfg.backoff_base_ms = 5;
+	f = setup_with(&cfg);
+	for (int i = 0; i < 3; i++)
+		stub_push(f->s, (stub_reply){ 429, 0, 0, "{}" });
+	assert_int_equal(post(f, 0, &r), HISTD_ELIMIT);
+	assert_int_equal(r.status, 429);
+	assert_int_equal(r.attempts, 3);
+	assert_int_equal(stub_requests(f->s), 3);
+	assert_null(strstr(histd_error_message(), "SECRETKEY"));
+	histd_http_response_clear(&r);
+	teardown(f);
+}
+
+static void
+retry_after_past_the_deadline_answers_at_once(void **state)
+{
+	fixture *f = setup();
+	histd_http_response r;
+	struct timespec t0;
+
+	(void)state;
+	stub_push(f->s, (stub_reply){ 429, 30, 0, "{}" });
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	assert_int_equal(post(f, 2000, &r), HISTD_ELIMIT);
+	assert_true(ms_since(&t0) < 1500);
+	assert_int_equal(stub_requests(f->s), 1);
+	histd_http_response_clear(&r);
+	teardown(f);
+}
+
+static void
+server_errors_are_retried(void **state)
+{
+	fixture *f = setup();
+	histd_http_response r;
+
+	(void)state;
+	stub_push(f->s, (stub_reply){ 500, -1, 0, "oops" });
+	stub_push(f->s, (stub_reply){ 503, 0, 0, "busy" });
+	assert_int_equal(post(f, 0, &r), 0);
+	assert_int_equal(r.attempts, 3);
+	histd_http_response_clear(&r);
+	teardown(f);
+}
+
+static void
+client_errors_are_not_retried(void **state)
+{
+	fixture *f = setup();
+	histd_http_response r;
+
+	(void)state;
+	stub_push(f->s, (stub_reply){ 400, -1, 0, "{\"error\":\"bad\"}" });
+	assert_int_equal(post(f, 0, &r), HISTD_EINVALID);
+	assert_int_equal(r.status, 400);
+	assert_non_null(strstr(r.body, "bad"));
+	histd_http_response_clear(&r);
+	stub_push(f->s, (stub_reply){ 401, -1, 0, "{}" });
+	assert_int_equal(post(f, 0, &r), HISTD_EUNAUTH);
+	assert_null(strstr(histd_error_message(), "SECRETKEY"));
+	histd_http_response_clear(&r);
+	assert_int_equal(stub_requests(f->s), 2);
+	teardown(f);
+}
+
+static void
+slow_answers_time_out_and_are_retried(void **state)
+{
+	histd_http_config cfg;
+	histd_http_response r;
+	fixture *f;
+
+	(void)state;
+	histd_http_config_default(&cfg);
+	cfg.timeout_ms = 300;
+	cfg.max_retries = 1;
+	cfg.backoff_base_ms = 5;
+	f = setup_with(&cfg);
+	stub_push(f->s, (stub_reply){ 0, -1, 1200, NULL });
+	stub_push(f->s, (stub_reply){ 0, -1, 1200, NULL });
+	assert_int_equal(post(f, 0, &r), HISTD_EUNAVAILABLE);
+	assert_non_null(strstr(histd_error_message(), "unreachable"));
+	assert_int_equal(r.attempts, 2);
+	histd_http_response_clear(&r);
+	/* A slow first answer, a quick second: success. */
+	stub_push(f->s, (stub_reply){ 0, -1, 1200, NULL });
+	assert_int_equal(post(f, 0, &r), 0);
+	assert_int_equal(r.attempts, 2);
+	histd_http_response_clear(&r);
+	teardown(f);
+}
+
+static void
+unreachable_provider_is_eunavailable(void **state)
+{
+	histd_http_config cfg;
+	histd_http *h;
+	histd_http_response r;
+
+	(void)state;
+	histd_http_config_default(&cfg);
+	cfg.max_retries = 1;
+	cfg.backoff_base_ms = 5;
+	assert_int_equal(histd_http_new(&h, &cfg), 0);
+	/* Port 1 on loopback: nothing listens. */
+	assert_int_equal(histd_http_post(h, "http://127.0.0.1:1/v1/messages",
+					 hdrs, 1, "{}", 2, 0, &r),
+			 HISTD_EUNAVAILABLE);
+	assert_int_equal(r.attempts, 2);
+	histd_http_response_clear(&r);
+	histd_http_free(h);
+}
+
+static void
+oversized_answers_fail(void **state)
+{
+	histd_http_config cfg;
+	histd_http_response r;
+	fixture *f;
+
+	(void)state;
+	histd_http_config_default(&cfg);
+	cfg.max_response_bytes = 64;
+	f = setup_with(&cfg);
+	assert_int_equal(post(f, 0, &r), HISTD_EUNAVAILABLE);
+	assert_non_null(strstr(histd_error_message(), "exceeds 64 bytes"));
+	assert_int_equal(stub_requests(f->s), 1);
+	histd_http_response_clear(&r);
+	teardown(f);
+}
+
+static void *
+one_call(void *arg)
+{
+	fixture *f = arg;
+	histd_http_response r;
+	int rc = post(f, 0, &r);
+
+	histd_http_response_clear(&r);
+	return (void *)(intptr_t)rc;
+}
+
+static void
+concurrent_calls_are_capped(void **state)
+{
+	histd_http_config cfg;
+	histd_http_stats st;
+	pthread_t t[6];
+	fixture *f;
+
+	(void)state;
+	histd_http_config_default(&cfg);
+	cfg.max_concurrent = 2;
+	f = setup_with(&cfg);
+	for (int i = 0; i < 6; i++)
+		stub_push(f->s, (stub_reply){ 0, -1, 200, NULL });
+	for (int i = 0; i < 6; i++)
+		pthread_create(&t[i], NULL, one_call, f);
+	for (int i = 0; i < 6; i++) {
+		void *rc;
+
+		pthread_join(t[i], &rc);
+		assert_int_equal((intptr_t)rc, 0);
+	}
+	histd_http_get_stats(f->h, &st);
+	assert_int_equal(st.calls, 6);
+	assert_true(st.max_in_flight <= 2);
+	assert_true(stub_max_concurrent(f->s) <= 2);
+	assert_int_equal(stub_requests(f->s), 6);
+	teardown(f);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(success_returns_the_body),
+		cmocka_unit_test(rate_limit_waits_for_retry_after),
+		cmocka_unit_test(rate_limit_past_the_last_retry_is_elimit),
+		cmocka_unit_test(retry_after_past_the_deadline_answers_at_once),
+		cmocka_unit_test(server_errors_are_retried),
+		cmocka_unit_test(client_errors_are_not_retried),
+		cmocka_unit_test(slow_answers_time_out_and_are_retried),
+		cmocka_unit_test(unreachable_provider_is_eunavailable),
+		cmocka_unit_test(oversized_answers_fail),
+		cmocka_unit_test(concurrent_calls_are_capped),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,223 @@
+/*
+ * Provider summarizers against the stub provider: each sends its
+ * provider's request (path, auth header, model, output size) and reads
+ * text, model and usage from that provider's answer; malformed answers and
+ * rate limits map to the codes summarizer.h promises.
+ */
+#include <jansson.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "provider_summarizer.h"
+#include "stub_provider.h"
+
+static const struct {
+	const char *provider, *path, *auth_header, *auth_value, *model,
+		*max_key;
+} cases[] = {
+	{ "anthropic", "/v1/messages", "x-api-key", "k-1", "claude-stub",
+	  "max_tokens" },
+	{ "openai", "/v1/chat/completions", "Authorization", "Bearer k-1",
+	  "chat-stub", "max_completion_tokens" },
+	{ "openai_responses", "/v1/responses", "Authorization", "Bearer k-1",
+	  "responses-stub", "max_output_tokens" },
+	{ "gemini", "/v1beta/models/m1:generateContent", "x-goog-api-key",
+	  "k-1", "gemini-stub", NULL },
+	{ "mistral", "/v1/chat/completions", "Authorization", "Bearer k-1",
+	  "chat-stub", "max_tokens" },
+};
+
+static Histd__V1__Message *
+text_message(Histd__V1__Role role, const char *text)
+{
+	static Histd__V1__Message m[4];
+	static Histd__V1__ContentBlock b[4], *bp[4];
+	static Histd__V1__TextBlock t[4];
+	static int n;
+	int i = n++ % 4;
+
+	histd__v1__message__init(&m[i]);
+	histd__v1__content_block__init(&b[i]);
+	histd__v1__text_block__init(&t[i]);
+	t[i].text = (char *)text;
+	b[i].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+	b[i].text = &t[i];
+	bp[i] = &b[i];
+	m[i].role = role;
+	m[i].n_content = 1;
+	m[i].content = &bp[i];
+	return &m[i];
+}
+
+static histd_summarizer *
+open_on(stub *s, const char *provider, uint32_t retries)
+{
+	histd_http_config hc;
+	histd_provider_options o = { 0 };
+	histd_summarizer *sum;
+
+	histd_http_config_default(&hc);
+	hc.max_retries = retries;
+	hc.backoff_base_ms = 5;
+	o.provider = provider;
+	o.model = "m1";
+	o.base_url = stub_url(s);
+	o.api_key = "k-1";
+	o.max_output_tokens = 333;
+	o.http_config = &hc;
+	assert_int_equal(histd_provider_summarizer_open(&o, &sum), 0);
+	return sum;
+}
+
+static void
+every_provider_summarizes_in_its_wire_format(void **state)
+{
+	Histd__V1__Message *msgs[2];
+	stub *s = stub_start();
+
+	(void)state;
+	assert_non_null(s);
+	msgs[0] = text_message(HISTD__V1__ROLE__ROLE_USER, "plan a trip");
+	msgs[1] = text_message(HISTD__V1__ROLE__ROLE_ASSISTANT, "to Lyon");
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		histd_summary_request req = { .previous = "PREVIOUS",
+					      .messages = msgs,
+					      .n_messages = 2 };
+		histd_summary_result res = { 0 };
+		histd_summarizer *sum = open_on(s, cases[i].provider, 0);
+		char *path, *auth, *body;
+		json_t *j;
+
+		assert_int_equal(sum->summarize(sum, &req, &res), 0);
+		assert_string_equal(res.text, "stub summary");
+		assert_string_equal(res.model, cases[i].model);
+		assert_int_equal(res.input_tokens, 11);
+		assert_int_equal(res.output_tokens, 7);
+		path = stub_last_path(s);
+		assert_string_equal(path, cases[i].path);
+		auth = stub_last_header(s, cases[i].auth_header);
+		assert_non_null(auth);
+		assert_string_equal(auth, cases[i].auth_value);
+		body = stub_last_body(s);
+		assert_non_null(strstr(body, "PREVIOUS"));
+		assert_non_null(strstr(body, "to Lyon"));
+		j = json_loads(body, 0, NULL);
+		assert_non_null(j);
+		if (cases[i].max_key) {
+			assert_string_equal(json_string_value(
+				json_object_get(j, "model")), "m1");
+			assert_int_equal(json_integer_value(json_object_get(
+				j, cases[i].max_key)), 333);
+		} else {
+			assert_int_equal(json_integer_value(json_object_get(
+				json_object_get(j, "generationConfig"),
+				"maxOutputTokens")), 333);
+		}
+		json_decref(j);
+		free(path);
+		free(auth);
+		free(body);
+		histd_summary_result_clear(&res);
+		sum->free(sum);
+	}
+	stub_stop(s);
+}
+
+static void
+malformed_answers_are_eunavailable(void **state)
+{
+	static const char *const bodies[] = {
+		"{not json", "[]", "{}", "{\"content\":5}",
+		"{\"choices\":[{\"message\":{\"content\":7}}]}",
+		"{\"output\":[{\"type\":\"message\",\"content\":[]}]}",
+		"{\"candidates\":[]}",
+	};
+	Histd__V1__Message *msgs[1];
+	stub *s = stub_start();
+
+	(void)state;
+	msgs[0] = text_message(HISTD__V1__ROLE__ROLE_USER, "hello");
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		histd_summarizer *sum = open_on(s, cases[i].provider, 0);
+
+		for (size_t k = 0; k < sizeof(bodies) / sizeof(bodies[0]);
+		     k++) {
+			histd_summary_request req = { .messages = msgs,
+						      .n_messages = 1 };
+			histd_summary_result res = { 0 };
+
+			stub_push(s, (stub_reply){ 200, -1, 0, bodies[k] });
+			assert_int_equal(sum->summarize(sum, &req, &res),
+					 HISTD_EUNAVAILABLE);
+			assert_null(res.text);
+		}
+		sum->free(sum);
+	}
+	stub_stop(s);
+}
+
+static void
+rate_limits_and_refusals_map_to_codes(void **state)
+{
+	Histd__V1__Message *msgs[1];
+	histd_summary_request req = { .n_messages = 1 };
+	histd_summary_result res = { 0 };
+	stub *s = stub_start();
+	histd_summarizer *sum = open_on(s, "anthropic", 1);
+
+	(void)state;
+	msgs[0] = text_message(HISTD__V1__ROLE__ROLE_USER, "hello");
+	req.messages = msgs;
+	stub_push(s, (stub_reply){ 429, 0, 0, "{}" });
+	stub_push(s, (stub_reply){ 429, 0, 0, "{}" });
+	assert_int_equal(sum->summarize(sum, &req, &res), HISTD_ELIMIT);
+	stub_push(s, (stub_reply){ 400, -1, 0, "{}" });
+	assert_int_equal(sum->summarize(sum, &req, &res), HISTD_EINVALID);
+	stub_push(s, (stub_reply){ 529, -1, 0, "{}" });
+	assert_int_equal(sum->summarize(sum, &req, &res), 0);
+	histd_summary_result_clear(&res);
+	sum->free(sum);
+	stub_stop(s);
+}
+
+static void
+missing_key_names_the_variable(void **state)
+{
+	histd_provider_options o = { .provider = "mistral", .model = "m",
+				     .api_key_env = "HISTD_TEST_NO_SUCH_KEY" };
+	histd_summarizer *sum;
+
+	(void)state;
+	unsetenv("HISTD_TEST_NO_SUCH_KEY");
+	assert_int_equal(histd_provider_summarizer_open(&o, &sum),
+			 HISTD_EINVALID);
+	assert_non_null(strstr(histd_error_message(),
+			       "HISTD_TEST_NO_SUCH_KEY is not set"));
+	o.provider = "nope";
+	assert_int_equal(histd_provider_summarizer_open(&o, &sum),
+			 HISTD_EINVALID);
+	setenv("HISTD_TEST_KEY", "from-env", 1);
+	o.provider = "gemini";
+	o.api_key_env = "HISTD_TEST_KEY";
+	assert_int_equal(histd_provider_summarizer_open(&o, &sum), 0);
+	sum->free(sum);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(every_provider_summarizes_in_its_wire_format),
+		cmocka_unit_test(malformed_answers_are_eunavailable),
+		cmocka_unit_test(rate_limits_and_refusals_map_to_codes),
+		cmocka_unit_test(missing_key_names_the_variable),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

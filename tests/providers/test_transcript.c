@@ -1,0 +1,400 @@
+/*
+ * Transcripts: every golden transcript (tests/providers/golden, built from
+ * the providers' documented examples) survives import then export in its
+ * own format, also after the messages were packed and unpacked as storage
+ * does; converts to every other format into a body that format imports
+ * again; and keeps tool calls paired with their results.
+ */
+#include <dirent.h>
+#include <jansson.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "transcript.h"
+
+typedef struct golden {
+	char name[300];
+	Histd__V1__Format format;
+	char *json;
+	size_t len;
+} golden;
+
+static golden goldens[64];
+static size_t n_goldens;
+
+static const Histd__V1__Format formats[] = {
+	HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES,
+	HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT,
+	HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+	HISTD__V1__FORMAT__FORMAT_GEMINI,
+	HISTD__V1__FORMAT__FORMAT_MISTRAL,
+};
+
+static int
+format_of(const char *file, Histd__V1__Format *f)
+{
+	static const struct {
+		const char *prefix;
+		Histd__V1__Format f;
+	} p[] = {
+		{ "anthropic_", HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES },
+		{ "openai_chat_", HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT },
+		{ "openai_responses_", HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES },
+		{ "gemini_", HISTD__V1__FORMAT__FORMAT_GEMINI },
+		{ "mistral_", HISTD__V1__FORMAT__FORMAT_MISTRAL },
+	};
+
+	for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
+		if (!strncmp(file, p[i].prefix, strlen(p[i].prefix))) {
+			*f = p[i].f;
+			return 0;
+		}
+	return -1;
+}
+
+static int
+load_goldens(void **state)
+{
+	DIR *d = opendir(GOLDEN_DIR);
+	struct dirent *e;
+
+	(void)state;
+	if (!d)
+		return -1;
+	while ((e = readdir(d)) && n_goldens < 64) {
+		golden *g = &goldens[n_goldens];
+		char path[512];
+		FILE *f;
+		long n;
+
+		if (!strstr(e->d_name, ".json") ||
+		    format_of(e->d_name, &g->format))
+			continue;
+		snprintf(g->name, sizeof(g->name), "%s", e->d_name);
+		snprintf(path, sizeof(path), "%s/%s", GOLDEN_DIR, e->d_name);
+		if (!(f = fopen(path, "rb")))
+			return -1;
+		fseek(f, 0, SEEK_END);
+		n = ftell(f);
+		fseek(f, 0, SEEK_SET);
+		g->json = malloc((size_t)n + 1);
+		g->len = fread(g->json, 1, (size_t)n, f);
+		g->json[g->len] = '\0';
+		fclose(f);
+		n_goldens++;
+	}
+	closedir(d);
+	return n_goldens ? 0 : -1;
+}
+
+static int
+free_goldens(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < n_goldens; i++)
+		free(goldens[i].json);
+	return 0;
+}
+
+/* The transcript members of a body (what export writes). */
+static json_t *
+transcript_part(Histd__V1__Format f, const char *json)
+{
+	static const char *const keep[][3] = {
+		[HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES] = { "system",
+								  "messages" },
+		[HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT] = { "messages" },
+		[HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES] = { "instructions",
+								"input" },
+		[HISTD__V1__FORMAT__FORMAT_GEMINI] = { "systemInstruction",
+						       "contents" },
+		[HISTD__V1__FORMAT__FORMAT_MISTRAL] = { "messages" },
+	};
+	json_t *root = json_loads(json, 0, NULL), *out = json_object(), *v;
+	const char *k;
+
+	assert_non_null(root);
+	json_object_foreach(root, k, v)
+		for (int i = 0; i < 3 && keep[f][i]; i++)
+			if (!strcmp(k, keep[f][i]))
+				json_object_set(out, k, v);
+	json_decref(root);
+	return out;
+}
+
+static void
+assert_same_json(const char *name, const char *want, const char *got,
+		 Histd__V1__Format f)
+{
+	json_t *a = transcript_part(f, want), *b = json_loads(got, 0, NULL);
+
+	assert_non_null(b);
+	if (!json_equal(a, b)) {
+		char *sa = json_dumps(a, JSON_INDENT(1) | JSON_SORT_KEYS);
+		char *sb = json_dumps(b, JSON_INDENT(1) | JSON_SORT_KEYS);
+
+		fprintf(stderr, "%s: round trip differs\n--- want\n%s\n--- got\n"
+			"%s\n", name, sa, sb);
+		free(sa);
+		free(sb);
+		fail();
+	}
+	json_decref(a);
+	json_decref(b);
+}
+
+/* Import then export in the same format gives the same transcript. */
+static void
+round_trip_in_same_format_is_lossless(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < n_goldens; i++) {
+		golden *g = &goldens[i];
+		histd_transcript t = { 0 };
+		histd_strlist dropped = { 0 };
+		char *out = NULL;
+		int rc;
+
+		rc = histd_transcript_from_json(g->format, g->json, g->len,
+						NULL, &t);
+		if (rc)
+			fprintf(stderr, "%s: %s\n", g->name,
+				histd_error_message());
+		assert_int_equal(rc, 0);
+		assert_true(t.n_messages > 0);
+		assert_int_equal(histd_transcript_to_json(g->format, t.messages,
+							  t.n_messages, &out,
+							  &dropped), 0);
+		for (size_t k = 0; k < dropped.n; k++)
+			fprintf(stderr, "%s: dropped %s\n", g->name,
+				dropped.v[k]);
+		assert_int_equal(dropped.n, 0);
+		assert_same_json(g->name, g->json, out, g->format);
+		free(out);
+		histd_strlist_clear(&dropped);
+		histd_transcript_clear(&t);
+	}
+}
+
+/* Storage keeps packed messages: provider_state must survive packing. */
+static void
+round_trip_survives_packing(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < n_goldens; i++) {
+		golden *g = &goldens[i];
+		histd_transcript t = { 0 };
+		Histd__V1__Message **un;
+		char *out = NULL;
+
+		assert_int_equal(histd_transcript_from_json(g->format, g->json,
+							    g->len, NULL, &t),
+				 0);
+		un = calloc(t.n_messages, sizeof(*un));
+		for (size_t k = 0; k < t.n_messages; k++) {
+			size_t n = histd__v1__message__get_packed_size(
+				t.messages[k]);
+			uint8_t *buf = malloc(n ? n : 1);
+
+			histd__v1__message__pack(t.messages[k], buf);
+			un[k] = histd__v1__message__unpack(NULL, n, buf);
+			assert_non_null(un[k]);
+			free(buf);
+		}
+		assert_int_equal(histd_transcript_to_json(g->format, un,
+							  t.n_messages, &out,
+							  NULL), 0);
+		assert_same_json(g->name, g->json, out, g->format);
+		for (size_t k = 0; k < t.n_messages; k++)
+			histd__v1__message__free_unpacked(un[k], NULL);
+		free(un);
+		free(out);
+		histd_transcript_clear(&t);
+	}
+}
+
+static void
+count_tools(histd_transcript *t, size_t *calls, size_t *results)
+{
+	*calls = *results = 0;
+	for (size_t i = 0; i < t->n_messages; i++)
+		for (size_t j = 0; j < t->messages[i]->n_content; j++) {
+			int c = t->messages[i]->content[j]->block_case;
+
+			*calls += c == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL;
+			*results +=
+				c == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT;
+		}
+}
+
+/* Every transcript converts to every format; the target imports the
+ * result again, with the same tool calls and results. */
+static void
+cross_format_output_imports_again(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < n_goldens; i++) {
+		golden *g = &goldens[i];
+		histd_transcript t = { 0 };
+		size_t calls, results;
+
+		assert_int_equal(histd_transcript_from_json(g->format, g->json,
+							    g->len, NULL, &t),
+				 0);
+		count_tools(&t, &calls, &results);
+		for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]);
+		     f++) {
+			histd_transcript t2 = { 0 };
+			histd_strlist dropped = { 0 };
+			size_t c2, r2;
+			char *out = NULL;
+			int rc;
+
+			assert_int_equal(histd_transcript_to_json(
+				formats[f], t.messages, t.n_messages, &out,
+				&dropped), 0);
+			rc = histd_transcript_from_json(formats[f], out,
+							strlen(out), NULL, &t2);
+			if (rc)
+				fprintf(stderr, "%s -> %s: %s\n%s\n", g->name,
+					histd_format_name(formats[f]),
+					histd_error_message(), out);
+			assert_int_equal(rc, 0);
+			count_tools(&t2, &c2, &r2);
+			assert_int_equal(c2, calls);
+			assert_int_equal(r2, results);
+			/* Dropped lines name a path, never content. */
+			for (size_t k = 0; k < dropped.n; k++)
+				assert_true(!strncmp(dropped.v[k], "messages[",
+						     9));
+			free(out);
+			histd_strlist_clear(&dropped);
+			histd_transcript_clear(&t2);
+		}
+		histd_transcript_clear(&t);
+	}
+}
+
+/* Anthropic's signed thinking never reaches another provider, and is
+ * listed as dropped. */
+static void
+foreign_reasoning_is_dropped_and_listed(void **state)
+{
+	const char *body =
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+		"{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\","
+		"\"thinking\":\"hmm\",\"signature\":\"sig\"},{\"type\":\"text\","
+		"\"text\":\"hello\"}]}]}";
+	histd_transcript t = { 0 };
+
+	(void)state;
+	assert_int_equal(histd_transcript_from_json(
+		HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES, body,
+		strlen(body), NULL, &t), 0);
+	for (size_t f = 1; f < sizeof(formats) / sizeof(formats[0]); f++) {
+		histd_strlist dropped = { 0 };
+		char *out = NULL;
+		int found = 0;
+
+		assert_int_equal(histd_transcript_to_json(formats[f],
+			t.messages, t.n_messages, &out, &dropped), 0);
+		if (formats[f] != HISTD__V1__FORMAT__FORMAT_MISTRAL)
+			assert_null(strstr(out, "sig"));
+		for (size_t k = 0; k < dropped.n; k++)
+			found |= !strncmp(dropped.v[k],
+					  "messages[1].content[0]", 22);
+		assert_true(found);
+		free(out);
+		histd_strlist_clear(&dropped);
+	}
+	histd_transcript_clear(&t);
+}
+
+/* Tool messages of OpenAI (one per result) become one Anthropic user turn
+ * holding both results, as parallel calls require. */
+static void
+parallel_results_merge_into_one_anthropic_turn(void **state)
+{
+	const char *body =
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"go\"},"
+		"{\"role\":\"assistant\",\"content\":null,\"tool_calls\":["
+		"{\"id\":\"a\",\"type\":\"function\",\"function\":{\"name\":"
+		"\"f\",\"arguments\":\"{}\"}},{\"id\":\"b\",\"type\":"
+		"\"function\",\"function\":{\"name\":\"g\",\"arguments\":"
+		"\"{\\\"x\\\":1}\"}}]},"
+		"{\"role\":\"tool\",\"tool_call_id\":\"a\",\"content\":\"1\"},"
+		"{\"role\":\"tool\",\"tool_call_id\":\"b\",\"content\":\"2\"}]}";
+	histd_transcript t = { 0 };
+	json_t *root, *msgs;
+	char *out = NULL;
+
+	(void)state;
+	assert_int_equal(histd_transcript_from_json(
+		HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT, body, strlen(body),
+		NULL, &t), 0);
+	assert_int_equal(histd_transcript_to_json(
+		HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES, t.messages,
+		t.n_messages, &out, NULL), 0);
+	root = json_loads(out, 0, NULL);
+	msgs = json_object_get(root, "messages");
+	assert_int_equal(json_array_size(msgs), 3);
+	assert_int_equal(json_array_size(json_object_get(
+		json_array_get(msgs, 2), "content")), 2);
+	assert_int_equal(json_array_size(json_object_get(
+		json_array_get(msgs, 1), "content")), 2);
+	json_decref(root);
+	free(out);
+	/* And Gemini: both responses in one user content, named. */
+	assert_int_equal(histd_transcript_to_json(
+		HISTD__V1__FORMAT__FORMAT_GEMINI, t.messages, t.n_messages,
+		&out, NULL), 0);
+	root = json_loads(out, 0, NULL);
+	msgs = json_object_get(root, "contents");
+	assert_int_equal(json_array_size(msgs), 3);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(
+		json_array_get(json_object_get(json_array_get(msgs, 2),
+					       "parts"), 1),
+		"functionResponse"), "name")), "g");
+	json_decref(root);
+	free(out);
+	histd_transcript_clear(&t);
+}
+
+/* Top-level members that are not the transcript are listed as dropped. */
+static void
+import_lists_non_transcript_members(void **state)
+{
+	const char *body = "{\"model\":\"m\",\"tools\":[],\"messages\":["
+			   "{\"role\":\"user\",\"content\":\"hi\"}]}";
+	histd_transcript t = { 0 };
+
+	(void)state;
+	assert_int_equal(histd_transcript_from_json(
+		HISTD__V1__FORMAT__FORMAT_MISTRAL, body, strlen(body), NULL,
+		&t), 0);
+	assert_int_equal(t.dropped.n, 2);
+	assert_string_equal(t.dropped.v[0], "model: not part of the "
+			    "transcript");
+	histd_transcript_clear(&t);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(round_trip_in_same_format_is_lossless),
+		cmocka_unit_test(round_trip_survives_packing),
+		cmocka_unit_test(cross_format_output_imports_again),
+		cmocka_unit_test(foreign_reasoning_is_dropped_and_listed),
+		cmocka_unit_test(parallel_results_merge_into_one_anthropic_turn),
+		cmocka_unit_test(import_lists_non_transcript_members),
+	};
+
+	return cmocka_run_group_tests(tests, load_goldens, free_goldens);
+}
