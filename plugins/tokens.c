@@ -187,3 +187,11 @@ histd_tokens_message(const Histd__V1__Message *m)
 
 	return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
 }
+
+uint32_t
+histd_tokens_blocks(Histd__V1__ContentBlock *const *blocks, size_t n)
+{
+	uint64_t t = blocks_tokens(blocks, n);
+
+	return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
+}

@@ -60,4 +60,8 @@ uint32_t histd_tokens_text(const char *s, size_t len);
  * is read: seq and token_estimate are ignored. m must not be NULL. */
 uint32_t histd_tokens_message(const Histd__V1__Message *m);
 
+/* The estimate for content blocks alone (no message overhead), by the
+ * same rules: what a tool result's content costs. */
+uint32_t histd_tokens_blocks(Histd__V1__ContentBlock *const *blocks, size_t n);
+
 #endif

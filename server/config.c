@@ -73,6 +73,23 @@ static const struct opt opts[] = {
 	  "1000", "Subscribe streams per session (0: no limit)" },
 	{ "replay-max", OPT_U32, OFF(replay_max), "100000",
 	  "messages one Subscribe may replay" },
+	{ "default-pipeline", OPT_STR, OFF(context.default_pipeline), "",
+	  "context pipeline of sessions whose config has none, e.g.\n"
+	  "      'masking:keep_recent_results=3;window:max_tokens=100000'\n"
+	  "      (plugins ';'-separated, options ','-separated key=value)" },
+	{ "plugins", OPT_STR, OFF(context.plugin_paths), "",
+	  "plugin shared objects to load at start (comma-separated paths)" },
+	{ "compaction-workers", OPT_INT, OFF(context.workers), "1",
+	  "threads running automatic compactions" },
+	{ "compaction-retries", OPT_INT, OFF(context.max_retries), "5",
+	  "retries of a failed automatic compaction (backoff doubling\n"
+	  "      from compaction-retry-base, at most 60 s)" },
+	{ "compaction-retry-base", OPT_SECONDS, OFF(context.retry_base_us), "1",
+	  "seconds before the first retry of a failed compaction" },
+	{ "session-ttl", OPT_SECONDS, OFF(context.session_ttl_us), "0",
+	  "delete sessions idle for longer than this many seconds (0: never)" },
+	{ "ttl-sweep-interval", OPT_SECONDS, OFF(context.sweep_interval_us),
+	  "60", "seconds between sweeps for expired sessions" },
 	{ "shutdown-grace", OPT_INT_SECONDS, OFF(shutdown_grace_s), "10",
 	  "seconds in-flight calls get to finish on SIGTERM" },
 	{ "log-level", OPT_STR, OFF(log_level), "info",

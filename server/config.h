@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "context.h"
 #include "hub.h"
 #include "service.h"
 
@@ -30,6 +31,7 @@ typedef struct histd_config {
 	uint32_t max_concurrent_streams;
 	histd_service_config service;
 	histd_hub_config hub;
+	histd_context_config context;  /* the context pipeline (context.h) */
 	uint32_t replay_max;     /* messages one Subscribe may replay */
 	int shutdown_grace_s;
 	char *log_level;

@@ -86,6 +86,7 @@ enum {
 	EV_REDUCED = 13,
 	EV_DELETED = 14,
 	EV_UPDATED = 16,
+	EV_PLUGIN_ERROR = 15,
 };
 
 /* ---------------------------------------------------------------------- */
@@ -214,6 +215,48 @@ event_build(const char *session_id, uint64_t revision,
 	}
 	if (b->num_field)
 		p += put_varint_field(p, b->num_field, b->num);
+	assert(p == ev->data + total);
+	return ev;
+}
+
+/* An event whose oneof field (plugin_error) holds `body` as its bytes. */
+static histd_event *
+event_build_raw(const char *session_id, uint64_t revision,
+		const uint8_t *body, size_t body_len)
+{
+	size_t sid_len = session_id ? strlen(session_id) : 0, ts_len, total;
+	int64_t sec;
+	int32_t nanos;
+	histd_event *ev;
+	uint8_t *p;
+
+	us_split(histd_now_us(), &sec, &nanos);
+	ts_len = varint_field_size(1, (uint64_t)sec) +
+		 varint_field_size(2, (uint64_t)(int64_t)nanos);
+	total = (sid_len ? len_field_size(EV_SESSION_ID, sid_len) : 0) +
+		varint_field_size(EV_REVISION, revision) +
+		len_field_size(EV_TIME, ts_len) +
+		len_field_size(EV_PLUGIN_ERROR, body_len);
+	if (!(ev = malloc(sizeof(*ev) + total)))
+		return NULL;
+	ev->refs = 1;
+	ev->kind = (enum histd_change_kind)HISTD_EVENT_PLUGIN_ERROR;
+	ev->revision = revision;
+	ev->last_seq = 0;
+	ev->len = total;
+	p = ev->data;
+	if (sid_len) {
+		p += histd_wire_put_len_key(p, EV_SESSION_ID, sid_len);
+		memcpy(p, session_id, sid_len);
+		p += sid_len;
+	}
+	p += put_varint_field(p, EV_REVISION, revision);
+	p += histd_wire_put_len_key(p, EV_TIME, ts_len);
+	p += put_varint_field(p, 1, (uint64_t)sec);
+	p += put_varint_field(p, 2, (uint64_t)(int64_t)nanos);
+	p += histd_wire_put_len_key(p, EV_PLUGIN_ERROR, body_len);
+	memcpy(p, body, body_len);
+	p += body_len;
 	assert(p == ev->data + total);
 	return ev;
 }
@@ -744,8 +787,10 @@ sub_live(histd_sub *s, histd_event *ev)
 
 	if (s->ended || s->deleted_queued)
 		return;
-	/* The snapshot already holds it (the dispatcher may run late). */
-	if (s->started && ev->revision <= s->snapshot_rev)
+	/* The snapshot already holds it (the dispatcher may run late). A
+	 * plugin error is no change: a snapshot never holds it. */
+	if (s->started && ev->revision <= s->snapshot_rev &&
+	    (int)ev->kind != HISTD_EVENT_PLUGIN_ERROR)
 		return;
 	if (s->live_n >= s->h->cfg.queue_max) {
 		snprintf(msg, sizeof(msg), "subscriber fell behind: more than "
@@ -912,6 +957,50 @@ histd_hub_notify(void *hub, const histd_change *c)
 	else if (!(err = fifo_push(h, hs, ev, ticket)))
 		return;
 	end_for_ticket(hs, ticket, err);
+	histd_event_unref(ev);
+	hs_unref(hs);
+}
+
+void
+histd_hub_publish_plugin_error(void *hub, const char *tenant,
+			       const char *session_id, uint64_t revision,
+			       const char *plugin, const char *message,
+			       int will_retry)
+{
+	Histd__V1__PluginError pe = HISTD__V1__PLUGIN_ERROR__INIT;
+	histd_hub *h = hub;
+	struct hub_session *hs;
+	histd_event *ev;
+	uint64_t hash, ticket;
+	const char *err;
+	uint8_t *buf;
+	size_t len;
+
+	if (!h || !tenant || !session_id || atomic_load(&h->n_subs) == 0)
+		return;
+	hash = key_hash(tenant, session_id);
+	pthread_mutex_lock(&h->table_lock);
+	hs = h->shutdown ? NULL : table_find(h, tenant, session_id, hash);
+	if (!hs || hs->n_subs == 0) {
+		pthread_mutex_unlock(&h->table_lock);
+		return;
+	}
+	hs_ref(hs);
+	ticket = ++h->ticket;
+	pthread_mutex_unlock(&h->table_lock);
+
+	pe.plugin = (char *)(plugin ? plugin : "");
+	pe.message = (char *)(message ? message : "");
+	pe.will_retry = will_retry != 0;
+	len = histd__v1__plugin_error__get_packed_size(&pe);
+	ev = NULL;
+	if ((buf = malloc(len ? len : 1))) {
+		histd__v1__plugin_error__pack(&pe, buf);
+		ev = event_build_raw(session_id, revision, buf, len);
+		free(buf);
+	}
+	if (ev && !(err = fifo_push(h, hs, ev, ticket)))
+		return;
 	histd_event_unref(ev);
 	hs_unref(hs);
 }
@@ -1140,7 +1229,8 @@ histd_hub_start(histd_sub *s, histd_event **replay, size_t n,
 	for (i = 0; i < s->live_n; i++) {
 		histd_event *ev = live_at(s, i);
 
-		if (ev->revision <= snapshot_revision) {
+		if (ev->revision <= snapshot_revision &&
+		    (int)ev->kind != HISTD_EVENT_PLUGIN_ERROR) {
 			histd_event_unref(ev);
 			continue;
 		}

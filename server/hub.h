@@ -120,6 +120,22 @@ void histd_hub_sent(histd_sub *s, int ok);
  * in-flight send completed. Frees the subscriber. */
 void histd_hub_unsubscribe(histd_sub *s);
 
+/* The kind of an event that is no storage change (a plugin error). */
+#define HISTD_EVENT_PLUGIN_ERROR 100
+
+/*
+ * Publishes a HistoryEvent plugin_error to the session's subscribers (the
+ * context pipeline's error sink, server/context.h). It is no storage
+ * change: it carries the session's current revision, and a subscriber
+ * whose snapshot is at that revision still receives it (the snapshot
+ * filter applies to changes only). Never blocks; dropped when nobody
+ * subscribes or memory runs out.
+ */
+void histd_hub_publish_plugin_error(void *hub, const char *tenant,
+				    const char *session_id, uint64_t revision,
+				    const char *plugin, const char *message,
+				    int will_retry);
+
 /* Ends every stream with HISTD_EUNAVAILABLE; later subscribes fail. */
 void histd_hub_shutdown(histd_hub *h);
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "context.h"
 #include "driver.h"
 #include "hub.h"
 #include "log.h"
@@ -46,6 +47,7 @@ main(int argc, char **argv)
 	histd_driver_config dcfg = { 0 };
 	histd_driver *drv = NULL;
 	histd_hub *hub = NULL;
+	histd_context *ctx = NULL;
 	histd_service *svc = NULL;
 	histd_server *srv = NULL;
 	sigset_t sigs;
@@ -95,6 +97,13 @@ main(int argc, char **argv)
 	rc = histd_hub_new(&hub, &cfg.hub);
 	if (rc == 0) {
 		histd_driver_set_notify(drv, histd_hub_notify, hub);
+		rc = histd_context_new(&ctx, drv, &cfg.context);
+	}
+	if (rc == 0) {
+		/* Compaction failures reach subscribers as plugin_error. */
+		histd_context_set_error_sink(ctx,
+					     histd_hub_publish_plugin_error, hub);
+		cfg.service.context = ctx;
 		rc = histd_service_new(&svc, drv, &cfg.service);
 	}
 	if (rc == 0)
@@ -124,6 +133,8 @@ main(int argc, char **argv)
 
 out:
 	histd_metrics_stop();
+	/* Before the hub (its error sink) and the driver (its workers). */
+	histd_context_free(ctx);
 	if (hub)
 		histd_hub_free(hub);
 	histd_service_free(svc);

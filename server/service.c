@@ -10,6 +10,8 @@
 #include <uuid/uuid.h>
 
 #include "histd/v1/histd.pb-c.h"
+#include "context.h"
+#include "transcript.h"
 #include "histd_wire.h"
 #include "tokens.h"
 
@@ -81,6 +83,7 @@ histd_service_config_default(histd_service_config *cfg)
 	cfg->max_page_size = 1000;
 	cfg->max_response_bytes = 4000000;
 	cfg->idempotency_ttl_us = INT64_C(24) * 3600 * 1000000;
+	cfg->context = NULL;
 }
 
 struct histd_service {
@@ -598,27 +601,13 @@ kv_collect(ProtobufCMessage *const *entries, size_t n, const char *field,
 /* Session config                                                          */
 
 /*
- * Checks a SessionConfig. There are no plugins yet (the context pipeline
- * lands later), so every plugin name is unknown. The plugin registry
- * replaces this function: it will check names and each plugin's options.
+ * Checks a SessionConfig: every plugin of its pipeline is registered and
+ * takes the options given (the plugin registry, plugins/pipeline.c).
  */
 static int
 validate_config(const Histd__V1__SessionConfig *c, const char *field)
 {
-	if (!c->pipeline)
-		return 0;
-	for (size_t i = 0; i < c->pipeline->n_plugins; i++) {
-		const Histd__V1__PluginConfig *p = c->pipeline->plugins[i];
-
-		if (!p->name[0])
-			return histd_error_set(HISTD_EINVALID,
-				"%s.pipeline.plugins[%zu].name is required",
-				field, i);
-		return histd_error_set(HISTD_EINVALID,
-			"%s.pipeline.plugins[%zu].name: unknown plugin",
-			field, i);
-	}
-	return 0;
+	return histd_context_validate(c, field);
 }
 
 /* Validates and packs a config for the driver. *out is malloc'ed, or NULL
@@ -1483,17 +1472,23 @@ h_fork_session(call *c, void *msg)
 	return rc;
 }
 
+/*
+ * The Append path, shared with Import: validates and appends r's messages
+ * and fills *resp (its token_estimates point into *b, which the caller
+ * frees with batch_free, also on error). The idempotency hash covers the
+ * whole request as received (c->raw), Append or Import.
+ */
 static int
-h_append(call *c, void *msg)
+append_messages(call *c, const Histd__V1__AppendRequest *r,
+		Histd__V1__AppendResponse *resp, batch *b)
 {
-	Histd__V1__AppendRequest *r = msg;
-	Histd__V1__AppendResponse resp = HISTD__V1__APPEND_RESPONSE__INIT;
 	const histd_service_config *cfg = &c->s->cfg;
 	histd_append a = { .tenant = c->tenant };
 	histd_append_result res = { 0 };
 	uint8_t hash[HISTD_HASH_LEN];
-	batch b;
 	int rc;
+
+	memset(b, 0, sizeof(*b));
 
 	if ((rc = histd_check_session_id(r->session_id, "session_id")))
 		return rc;
@@ -1507,7 +1502,7 @@ h_append(call *c, void *msg)
 		return histd_error_set(HISTD_EINVALID,
 			"idempotency_key is longer than %d bytes",
 			IDEM_KEY_MAX);
-	if ((rc = batch_build(cfg, r->messages, r->n_messages, &b)))
+	if ((rc = batch_build(cfg, r->messages, r->n_messages, b)))
 		return rc;
 	a.session_id = r->session_id;
 	a.expected_revision = r->expected_revision;
@@ -1515,29 +1510,40 @@ h_append(call *c, void *msg)
 	if (r->idempotency_key[0]) {
 		/* The request as received: a retry sends the same bytes. */
 		if (!EVP_Digest(c->raw, c->raw_len, hash, NULL, EVP_sha256(),
-				NULL)) {
-			rc = histd_error_set(HISTD_EINTERNAL,
-					     "SHA-256 failed");
-			goto out;
-		}
+				NULL))
+			return histd_error_set(HISTD_EINTERNAL,
+					       "SHA-256 failed");
 		a.idempotency_key = r->idempotency_key;
 		a.request_hash = hash;
 		a.idem_expires_us = a.now_us + cfg->idempotency_ttl_us;
 	}
-	a.msgs = b.in;
-	a.n_msgs = b.n;
-	if ((rc = histd_driver_append(c->s->d, &a, &res))) {
-		rc = conflict(c, rc, res.current_revision);
-		goto out;
-	}
-	resp.first_seq = res.first_seq;
-	resp.last_seq = res.last_seq;
-	resp.revision = res.revision;
-	resp.n_token_estimates = b.n;
-	resp.token_estimates = b.tokens;
-	resp.replayed = res.replayed != 0;
-	rc = reply_pack(&resp.base, c->reply);
-out:
+	a.msgs = b->in;
+	a.n_msgs = b->n;
+	if ((rc = histd_driver_append(c->s->d, &a, &res)))
+		return conflict(c, rc, res.current_revision);
+	resp->first_seq = res.first_seq;
+	resp->last_seq = res.last_seq;
+	resp->revision = res.revision;
+	resp->n_token_estimates = b->n;
+	resp->token_estimates = b->tokens;
+	resp->replayed = res.replayed != 0;
+	/* Automatic compaction checks off the request path (no I/O here). */
+	if (!res.replayed)
+		histd_context_after_append(c->s->cfg.context, c->s->d,
+					   c->tenant, r->session_id);
+	return 0;
+}
+
+static int
+h_append(call *c, void *msg)
+{
+	Histd__V1__AppendResponse resp = HISTD__V1__APPEND_RESPONSE__INIT;
+	batch b;
+	int rc;
+
+	rc = append_messages(c, msg, &resp, &b);
+	if (rc == 0)
+		rc = reply_pack(&resp.base, c->reply);
 	batch_free(&b);
 	return rc;
 }
@@ -1624,14 +1630,16 @@ out:
 }
 
 /*
- * CONTEXT: the session's pipeline applied at read time. There is no
- * pipeline yet, so CONTEXT is RAW. The context pipeline (plugins/plugin.h)
- * replaces this function: summary first, then the transformed messages.
+ * CONTEXT: the session's pipeline applied at read time (server/context.h):
+ * system messages, the summary, then the transformed messages.
  */
 static int
 get_messages_context(call *c, const Histd__V1__GetMessagesRequest *r)
 {
-	return get_messages_raw(c, r);
+	return histd_context_get_messages(c->s->cfg.context, c->s->d,
+					  c->tenant, r,
+					  c->s->cfg.max_response_bytes,
+					  &c->reply->data, &c->reply->len);
 }
 
 static int
@@ -1758,14 +1766,87 @@ out:
 	return rc;
 }
 
-/* Reduce (compaction), Export and Import (provider formats) land with
- * their own issues. */
+/* Reduce: compaction now (server/context.h). */
 static int
-h_not_yet(call *c, void *msg)
+h_reduce(call *c, void *msg)
 {
-	(void)msg;
-	return histd_error_set(HISTD_EUNIMPL, "%s is not available yet",
-			       histd_method_names[c->m]);
+	Histd__V1__ReduceRequest *r = msg;
+	int rc;
+
+	if ((rc = histd_check_session_id(r->session_id, "session_id")))
+		return rc;
+	return histd_context_reduce(c->s->cfg.context, c->s->d, c->tenant, r,
+				    &c->reply->data, &c->reply->len);
+}
+
+/* Export: the session as a provider's request body. RAW is every stored
+ * message; CONTEXT is what the pipeline gives (the summary is already its
+ * first user message). */
+static int
+h_export(call *c, void *msg)
+{
+	Histd__V1__ExportRequest *r = msg;
+	Histd__V1__GetMessagesRequest q = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
+	Histd__V1__GetMessagesResponse *view;
+	uint8_t *bytes = NULL;
+	size_t len = 0;
+	int rc;
+
+	if ((rc = histd_check_session_id(r->session_id, "session_id")))
+		return rc;
+	if (r->view != HISTD__V1__VIEW__VIEW_CONTEXT)
+		return histd_transcript_export(c->s->d, c->tenant, r,
+					       &c->reply->data, &c->reply->len);
+	q.session_id = r->session_id;
+	q.view = HISTD__V1__VIEW__VIEW_CONTEXT;
+	/* The whole view: an export is one body, not a page. */
+	if ((rc = histd_context_get_messages(c->s->cfg.context, c->s->d,
+					     c->tenant, &q, UINT32_MAX,
+					     &bytes, &len)))
+		return rc;
+	view = histd__v1__get_messages_response__unpack(NULL, len, bytes);
+	free(bytes);
+	if (!view)
+		return histd_error_set(HISTD_EINTERNAL, "the CONTEXT view does "
+				       "not decode");
+	rc = histd_transcript_export_messages(r->format, view->messages,
+					      view->n_messages, NULL,
+					      &c->reply->data, &c->reply->len);
+	histd__v1__get_messages_response__free_unpacked(view, NULL);
+	return rc;
+}
+
+/* Import: a provider's transcript appended exactly as Append would. */
+static int
+h_import(call *c, void *msg)
+{
+	Histd__V1__ImportRequest *r = msg;
+	Histd__V1__AppendRequest a = HISTD__V1__APPEND_REQUEST__INIT;
+	Histd__V1__AppendResponse resp = HISTD__V1__APPEND_RESPONSE__INIT;
+	histd_transcript_limits lim;
+	histd_transcript t = { 0 };
+	batch b = { 0 };
+	int rc;
+
+	if ((rc = histd_check_session_id(r->session_id, "session_id")))
+		return rc;
+	histd_transcript_limits_default(&lim);
+	lim.max_string_bytes = c->s->cfg.max_message_bytes;
+	lim.max_messages = c->s->cfg.max_messages_per_append;
+	if ((rc = histd_transcript_import(r, &lim, &t)))
+		return rc;
+	a.session_id = r->session_id;
+	a.messages = t.messages;
+	a.n_messages = t.n_messages;
+	a.expected_revision = r->expected_revision;
+	a.idempotency_key = r->idempotency_key;
+	rc = append_messages(c, &a, &resp, &b);
+	if (rc == 0)
+		rc = histd_transcript_import_reply(&resp, &t, &c->reply->data,
+						   &c->reply->len);
+	batch_free(&b);
+	histd_transcript_clear(&t);
+	return rc;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1810,11 +1891,11 @@ static const struct method_def {
 	[HISTD_M_REPLACE] = {
 		&histd__v1__replace_request__descriptor, h_replace },
 	[HISTD_M_REDUCE] = {
-		&histd__v1__reduce_request__descriptor, h_not_yet },
+		&histd__v1__reduce_request__descriptor, h_reduce },
 	[HISTD_M_EXPORT] = {
-		&histd__v1__export_request__descriptor, h_not_yet },
+		&histd__v1__export_request__descriptor, h_export },
 	[HISTD_M_IMPORT] = {
-		&histd__v1__import_request__descriptor, h_not_yet },
+		&histd__v1__import_request__descriptor, h_import },
 };
 
 /*

@@ -51,6 +51,10 @@ typedef struct histd_service_config {
 	uint32_t max_response_bytes;       /* one GetMessages page; 4,000,000
 					    * (gRPC clients accept 4 MiB) */
 	int64_t idempotency_ttl_us;        /* how long keys are kept; 24 h */
+	/* The context pipeline (server/context.h): the CONTEXT view, Reduce,
+	 * automatic compaction. Borrowed; must outlive the service. NULL:
+	 * no default pipeline and no automatic compaction. */
+	struct histd_context *context;
 } histd_service_config;
 
 /* Fills the defaults above. */

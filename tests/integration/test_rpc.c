@@ -589,28 +589,104 @@ static void subscribe_streams_an_append(void **state)
 	free(id);
 }
 
-static void reduce_export_and_import_are_unimplemented(void **state)
+static void import_then_export_round_trips_over_the_wire(void **state)
 {
 	(void)state;
-	char *id = t_create_session(client, "unimpl-1");
-	Histd__V1__ReduceRequest rr = HISTD__V1__REDUCE_REQUEST__INIT;
-	rr.session_id = id;
-	assert_int_equal(call_code("Reduce", &rr,
-				   &histd__v1__reduce_response__descriptor),
-			 GRPC_STATUS_UNIMPLEMENTED);
-	Histd__V1__ExportRequest er = HISTD__V1__EXPORT_REQUEST__INIT;
-	er.session_id = id;
-	er.format = HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT;
-	assert_int_equal(call_code("Export", &er,
-				   &histd__v1__export_response__descriptor),
-			 GRPC_STATUS_UNIMPLEMENTED);
+	const char *body =
+		"{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+		"{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+		"{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{"
+		"\"id\":\"call_1\",\"type\":\"function\",\"function\":{"
+		"\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+		"{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"18 C\"}]}";
+	char *id = t_create_session(client, "import-1");
 	Histd__V1__ImportRequest ir = HISTD__V1__IMPORT_REQUEST__INIT;
+	Histd__V1__ImportResponse *iresp = NULL;
+	histd_status st;
+
 	ir.session_id = id;
 	ir.format = HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT;
-	ir.json = "{\"messages\":[]}";
-	assert_int_equal(call_code("Import", &ir,
-				   &histd__v1__import_response__descriptor),
-			 GRPC_STATUS_UNIMPLEMENTED);
+	ir.json = (char *)body;
+	histd_status_init(&st);
+	assert_int_equal(t_call(client, "Import", &ir,
+				&histd__v1__import_response__descriptor,
+				&iresp, &st), 0);
+	assert_non_null(iresp->append);
+	assert_int_equal(iresp->append->first_seq, 1);
+	assert_int_equal(iresp->append->last_seq, 4);
+	assert_int_equal(iresp->n_dropped, 0);
+	histd_client_message_free(&iresp->base);
+	histd_status_reset(&st);
+
+	/* The tool result is stored as a tool_result for call_1. */
+	Histd__V1__GetToolResultRequest tr = HISTD__V1__GET_TOOL_RESULT_REQUEST__INIT;
+	Histd__V1__GetToolResultResponse *tresp = NULL;
+	tr.session_id = id;
+	tr.tool_call_id = "call_1";
+	assert_int_equal(t_call(client, "GetToolResult", &tr,
+				&histd__v1__get_tool_result_response__descriptor,
+				&tresp, &st), 0);
+	assert_int_equal(tresp->seq, 4);
+	histd_client_message_free(&tresp->base);
+	histd_status_reset(&st);
+
+	/* Exported in the same format: the same request body. */
+	Histd__V1__ExportRequest er = HISTD__V1__EXPORT_REQUEST__INIT;
+	Histd__V1__ExportResponse *eresp = NULL;
+	er.session_id = id;
+	er.format = HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT;
+	assert_int_equal(t_call(client, "Export", &er,
+				&histd__v1__export_response__descriptor,
+				&eresp, &st), 0);
+	assert_non_null(strstr(eresp->json, "\"tool_call_id\":\"call_1\""));
+	assert_non_null(strstr(eresp->json, "\"name\":\"get_weather\""));
+	assert_non_null(strstr(eresp->json, "\"role\":\"system\""));
+	histd_client_message_free(&eresp->base);
+	histd_status_reset(&st);
+
+	/* And as Anthropic wants it: the system prompt at the top. */
+	er.format = HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES;
+	assert_int_equal(t_call(client, "Export", &er,
+				&histd__v1__export_response__descriptor,
+				&eresp, &st), 0);
+	assert_non_null(strstr(eresp->json, "\"system\""));
+	assert_non_null(strstr(eresp->json, "\"tool_use\""));
+	assert_non_null(strstr(eresp->json, "\"tool_result\""));
+	histd_client_message_free(&eresp->base);
+	histd_status_reset(&st);
+
+	/* Malformed JSON: INVALID_ARGUMENT naming the path; nothing appended. */
+	ir.json = "{\"messages\":[{\"role\":7}]}";
+	assert_int_not_equal(t_call(client, "Import", &ir,
+				    &histd__v1__import_response__descriptor,
+				    &iresp, &st), 0);
+	assert_int_equal(st.code, GRPC_STATUS_INVALID_ARGUMENT);
+	assert_non_null(strstr(st.details, "messages[0].role"));
+	histd_status_reset(&st);
+	free(id);
+}
+
+static void reduce_compacts_into_a_summary(void **state)
+{
+	(void)state;
+	char *id = t_create_session(client, "reduce-1");
+	Histd__V1__ReduceRequest rr = HISTD__V1__REDUCE_REQUEST__INIT;
+	Histd__V1__ReduceResponse *rresp = NULL;
+	histd_status st;
+
+	assert_int_equal(t_append_texts(client, id, 40, "turn", 0, NULL),
+			 GRPC_STATUS_OK);
+	rr.session_id = id;
+	rr.max_entries = 10;
+	histd_status_init(&st);
+	assert_int_equal(t_call(client, "Reduce", &rr,
+				&histd__v1__reduce_response__descriptor,
+				&rresp, &st), 0);
+	assert_non_null(rresp->summary);
+	assert_true(rresp->summary->covers_to_seq > 0);
+	assert_true(rresp->summary->covers_to_seq < 40);
+	histd_client_message_free(&rresp->base);
+	histd_status_reset(&st);
 	free(id);
 }
 
@@ -778,7 +854,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(replace_installs_new_messages_with_new_seqs),
 		cmocka_unit_test(append_retried_with_its_idempotency_key_replays_the_answer),
 		cmocka_unit_test(subscribe_streams_an_append),
-		cmocka_unit_test(reduce_export_and_import_are_unimplemented),
+		cmocka_unit_test(import_then_export_round_trips_over_the_wire),
+		cmocka_unit_test(reduce_compacts_into_a_summary),
 		cmocka_unit_test(unknown_method_is_unimplemented),
 		cmocka_unit_test(health_check_serves_the_server_and_the_service),
 		cmocka_unit_test(metadata_sent_by_the_client_is_accepted),

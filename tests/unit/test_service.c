@@ -699,14 +699,14 @@ config_with(size_t n_plugins, const char *name)
 }
 
 static void
-config_with_any_plugin_is_an_unknown_plugin_for_now(void **state)
+config_with_an_unknown_plugin_is_invalid(void **state)
 {
 	Histd__V1__CreateSessionRequest r = HISTD__V1__CREATE_SESSION_REQUEST__INIT;
 	Histd__V1__Session *s = NULL;
 
 	(void)state;
 	r.session_id = "s";
-	r.config = config_with(1, "window");
+	r.config = config_with(1, "no_such_plugin");
 	assert_err(CALL(HISTD_M_CREATE_SESSION, &r, NULL, NULL),
 		   HISTD_EINVALID, "config.pipeline.plugins[0].name: unknown plugin");
 	r.config = config_with(1, "");
@@ -762,7 +762,7 @@ resolve_session_is_get_or_create_by_context_keys(void **state)
 				 &histd__v1__resolve_session_response__descriptor,
 				 &c), 0);
 	assert_true(c->created);
-	r.config = config_with(1, "masking");
+	r.config = config_with(1, "no_such_plugin");
 	assert_err(CALL(HISTD_M_RESOLVE_SESSION, &r, NULL, NULL),
 		   HISTD_EINVALID, "config.pipeline.plugins[0].name");
 }
@@ -928,7 +928,7 @@ update_session_replaces_what_the_mask_names(void **state)
 
 	/* config only: labels stay, even though the request holds some. */
 	r.update_mask = mask(1, "config", NULL);
-	r.config = config_with(1, "window");
+	r.config = config_with(1, "no_such_plugin");
 	assert_err(CALL(HISTD_M_UPDATE_SESSION, &r, NULL, NULL),
 		   HISTD_EINVALID, "config.pipeline.plugins[0].name: unknown plugin");
 	r.config = config_with(0, NULL);
@@ -1547,46 +1547,51 @@ raw_fast_path_bytes_are_a_valid_response_equal_to_the_stored_messages(void **sta
 }
 
 static void
-context_view_equals_raw_until_the_pipeline_lands(void **state)
+context_view_without_pipeline_or_summary_holds_every_message(void **state)
 {
-	Histd__V1__GetMessagesRequest r = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
-	histd_reply raw, ctx, unspec;
-	uint8_t *req;
-	size_t len;
+	Histd__V1__GetMessagesResponse *raw = NULL, *ctx = NULL, *unspec = NULL;
 
 	(void)state;
 	create("x");
 	append_n("x", 4);
-	r.session_id = "x";
-	r.after_seq = 1;
-	r.limit = 2;
-	r.view = HISTD__V1__VIEW__VIEW_RAW;
-	req = pack(&r, &len);
-	assert_int_equal(histd_service_unary(svc, HISTD_M_GET_MESSAGES, &alice,
-					     req, len, &raw), 0);
-	r.view = HISTD__V1__VIEW__VIEW_CONTEXT;
-	req = pack(&r, &len);
-	assert_int_equal(histd_service_unary(svc, HISTD_M_GET_MESSAGES, &alice,
-					     req, len, &ctx), 0);
-	r.view = HISTD__V1__VIEW__VIEW_UNSPECIFIED;
-	req = pack(&r, &len);
-	assert_int_equal(histd_service_unary(svc, HISTD_M_GET_MESSAGES, &alice,
-					     req, len, &unspec), 0);
-	assert_int_equal(raw.len, ctx.len);
-	assert_memory_equal(raw.data, ctx.data, raw.len);
-	assert_int_equal(raw.len, unspec.len);
-	assert_memory_equal(raw.data, unspec.data, raw.len);
-	free(raw.data);
-	free(ctx.data);
-	free(unspec.data);
+	assert_int_equal(get_messages_on(svc, "x", HISTD__V1__VIEW__VIEW_RAW, 0, 0,
+					 0, &raw), 0);
+	assert_int_equal(get_messages_on(svc, "x", HISTD__V1__VIEW__VIEW_CONTEXT,
+					 0, 0, 0, &ctx), 0);
+	assert_int_equal(get_messages_on(svc, "x",
+					 HISTD__V1__VIEW__VIEW_UNSPECIFIED, 0, 0,
+					 0, &unspec), 0);
+	/* No pipeline, no summary: the same messages, byte for byte. */
+	assert_int_equal(ctx->n_messages, 4);
+	assert_int_equal(raw->n_messages, 4);
+	assert_int_equal(unspec->n_messages, 4);
+	assert_null(ctx->summary);
+	for (size_t i = 0; i < 4; i++) {
+		size_t a = histd__v1__message__get_packed_size(raw->messages[i]);
+		size_t b = histd__v1__message__get_packed_size(ctx->messages[i]);
+		uint8_t *pa = A(a), *pb = A(b);
 
-	r.view = (Histd__V1__View)7;
-	assert_err(CALL(HISTD_M_GET_MESSAGES, &r, NULL, NULL), HISTD_EINVALID,
-		   "view is not a known View");
-	r.view = HISTD__V1__VIEW__VIEW_RAW;
-	r.session_id = "missing";
-	assert_int_equal(CALL(HISTD_M_GET_MESSAGES, &r, NULL, NULL),
-			 HISTD_ENOTFOUND);
+		histd__v1__message__pack(raw->messages[i], pa);
+		histd__v1__message__pack(ctx->messages[i], pb);
+		assert_int_equal(a, b);
+		assert_memory_equal(pa, pb, a);
+		assert_int_equal(unspec->messages[i]->seq, raw->messages[i]->seq);
+	}
+	/* CONTEXT is the whole view, not a page. */
+	assert_int_equal(ctx->next_after_seq, 0);
+
+	{
+		Histd__V1__GetMessagesRequest r = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
+
+		r.session_id = "x";
+		r.view = (Histd__V1__View)7;
+		assert_err(CALL(HISTD_M_GET_MESSAGES, &r, NULL, NULL),
+			   HISTD_EINVALID, "view is not a known View");
+		r.view = HISTD__V1__VIEW__VIEW_CONTEXT;
+		r.session_id = "missing";
+		assert_int_equal(CALL(HISTD_M_GET_MESSAGES, &r, NULL, NULL),
+				 HISTD_ENOTFOUND);
+	}
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1857,24 +1862,42 @@ a_deeply_nested_request_is_refused_before_it_is_decoded(void **state)
 }
 
 static void
-reduce_export_and_import_are_not_available_yet(void **state)
+reduce_export_and_import_check_their_input_and_rights(void **state)
 {
 	Histd__V1__ReduceRequest r = HISTD__V1__REDUCE_REQUEST__INIT;
 	Histd__V1__ExportRequest e = HISTD__V1__EXPORT_REQUEST__INIT;
 	Histd__V1__ImportRequest i = HISTD__V1__IMPORT_REQUEST__INIT;
+	Histd__V1__ExportResponse *er = NULL;
 
 	(void)state;
 	create("n");
+	append_n("n", 3);
 	r.session_id = e.session_id = i.session_id = "n";
-	assert_err(CALL(HISTD_M_REDUCE, &r, NULL, NULL), HISTD_EUNIMPL,
-		   "Reduce is not available yet");
-	assert_err(CALL(HISTD_M_EXPORT, &e, NULL, NULL), HISTD_EUNIMPL,
-		   "Export is not available yet");
-	assert_err(CALL(HISTD_M_IMPORT, &i, NULL, NULL), HISTD_EUNIMPL,
-		   "Import is not available yet");
-	/* Export only reads. */
-	assert_err(CALL_AS(&alice_ro, HISTD_M_EXPORT, &e, NULL, NULL),
-		   HISTD_EUNIMPL, "Export");
+	/* Export needs a format; it only reads, so a read-only caller may. */
+	assert_err(CALL(HISTD_M_EXPORT, &e, NULL, NULL), HISTD_EINVALID,
+		   "format");
+	e.format = HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT;
+	assert_int_equal(CALL_AS(&alice_ro, HISTD_M_EXPORT, &e,
+				 &histd__v1__export_response__descriptor, &er),
+			 0);
+	assert_non_null(strstr(er->json, "\"m3\""));
+	/* Import writes; its body must parse in its format. */
+	i.format = HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT;
+	i.json = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+	assert_int_equal(CALL_AS(&alice_ro, HISTD_M_IMPORT, &i, NULL, NULL),
+			 HISTD_EPERM);
+	i.json = "{\"messages\": 3}";
+	assert_err(CALL(HISTD_M_IMPORT, &i, NULL, NULL), HISTD_EINVALID,
+		   "messages");
+	i.format = HISTD__V1__FORMAT__FORMAT_UNSPECIFIED;
+	assert_err(CALL(HISTD_M_IMPORT, &i, NULL, NULL), HISTD_EINVALID,
+		   "format");
+	/* Reduce writes (a summary). */
+	assert_int_equal(CALL_AS(&alice_ro, HISTD_M_REDUCE, &r, NULL, NULL),
+			 HISTD_EPERM);
+	/* Another tenant's session does not exist. */
+	assert_int_equal(CALL_AS(&bob, HISTD_M_EXPORT, &e, NULL, NULL),
+			 HISTD_ENOTFOUND);
 }
 
 /* Threads share one packed request; they touch nothing else of the test. */
@@ -1960,7 +1983,7 @@ main(void)
 		T(create_session_with_a_taken_id_is_already_exists),
 		T(labels_and_context_keys_are_validated),
 		T(a_repeated_map_key_keeps_the_last_value),
-		T(config_with_any_plugin_is_an_unknown_plugin_for_now),
+		T(config_with_an_unknown_plugin_is_invalid),
 		T(resolve_session_is_get_or_create_by_context_keys),
 		T(get_session_of_an_unknown_id_is_not_found),
 		T(list_sessions_pages_in_id_order_by_opaque_tokens),
@@ -1981,7 +2004,7 @@ main(void)
 		T(get_messages_clamps_limit_and_last_n_to_the_page_size),
 		T(get_messages_pages_end_at_the_response_size_limit),
 		T(raw_fast_path_bytes_are_a_valid_response_equal_to_the_stored_messages),
-		T(context_view_equals_raw_until_the_pipeline_lands),
+		T(context_view_without_pipeline_or_summary_holds_every_message),
 		T(get_tool_result_returns_the_original_result_and_its_message),
 		T(clear_removes_messages_and_seqs_continue),
 		T(replace_validates_like_append_and_swaps_the_messages),
@@ -1989,7 +2012,7 @@ main(void)
 		T(another_tenants_session_is_not_found),
 		T(a_request_that_does_not_decode_is_invalid),
 		T(a_deeply_nested_request_is_refused_before_it_is_decoded),
-		T(reduce_export_and_import_are_not_available_yet),
+		T(reduce_export_and_import_check_their_input_and_rights),
 		T(concurrent_appends_get_distinct_seqs),
 		T(service_refuses_missing_driver_and_zero_limits),
 	};

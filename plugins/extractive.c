@@ -1,0 +1,275 @@
+/*
+ * The extractive summarizer (compaction.h): what compaction uses offline
+ * and in tests. Deterministic: no clock, no randomness, no network.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compaction.h"
+#include "tokens.h"
+
+#define LINE_MAX_CHARS 200
+#define DEFAULT_MAX_TOKENS 1024
+
+/* A growable list of lines. */
+struct lines {
+	char **v;
+	size_t n, cap;
+};
+
+static void
+lines_free(struct lines *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i]);
+	free(l->v);
+}
+
+static int
+lines_add(struct lines *l, char *s)
+{
+	if (!s)
+		return HISTD_ENOMEM;
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 64;
+		char **v = realloc(l->v, cap * sizeof(*v));
+
+		if (!v) {
+			free(s);
+			return HISTD_ENOMEM;
+		}
+		l->v = v;
+		l->cap = cap;
+	}
+	l->v[l->n++] = s;
+	return 0;
+}
+
+/* The first sentence of text, whitespace folded, cut at LINE_MAX_CHARS
+ * on a UTF-8 boundary. */
+static char *
+first_sentence(const char *text)
+{
+	char *out = malloc(LINE_MAX_CHARS + 4);
+	size_t o = 0;
+	int space = 0;
+
+	if (!out)
+		return NULL;
+	while (*text == ' ' || *text == '\n' || *text == '\t' || *text == '\r')
+		text++;
+	for (const char *p = text; *p; p++) {
+		unsigned char c = (unsigned char)*p;
+
+		if (c == ' ' || c == '\n' || c == '\t' || c == '\r') {
+			space = 1;
+			if (c == '\n' && p[1] == '\n')
+				break;      /* a paragraph ends a sentence */
+			continue;
+		}
+		if (space && o) {
+			if (o >= LINE_MAX_CHARS)
+				break;
+			out[o++] = ' ';
+		}
+		space = 0;
+		/* Stop at the limit, but only between characters (the
+		 * text is valid UTF-8: at most 3 continuation bytes). */
+		if (o >= LINE_MAX_CHARS && ((c & 0xc0) != 0x80 ||
+					    o >= LINE_MAX_CHARS + 3))
+			break;
+		out[o++] = (char)c;
+		if ((c == '.' || c == '!' || c == '?') &&
+		    (p[1] == ' ' || p[1] == '\n' || p[1] == '\0'))
+			break;
+	}
+	out[o] = '\0';
+	return out;
+}
+
+static const char *
+role_name(int role)
+{
+	switch (role) {
+	case HISTD__V1__ROLE__ROLE_SYSTEM: return "system";
+	case HISTD__V1__ROLE__ROLE_USER: return "user";
+	case HISTD__V1__ROLE__ROLE_ASSISTANT: return "assistant";
+	case HISTD__V1__ROLE__ROLE_TOOL: return "tool";
+	default: return "message";
+	}
+}
+
+static char *
+fmt(const char *a, const char *b, const char *c)
+{
+	size_t n = strlen(a) + strlen(b) + strlen(c) + 1;
+	char *s = malloc(n);
+
+	if (s)
+		snprintf(s, n, "%s%s%s", a, b, c);
+	return s;
+}
+
+static const char *
+first_text(Histd__V1__ContentBlock *const *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (b[i]->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT &&
+		    b[i]->text->text[0])
+			return b[i]->text->text;
+	return NULL;
+}
+
+static int
+message_lines(struct lines *l, const Histd__V1__Message *m)
+{
+	const char *role = role_name(m->role);
+	const char *text = first_text(m->content, m->n_content);
+	char *s, *pre;
+	int rc = 0;
+
+	if (text) {
+		if (!(s = first_sentence(text)))
+			return HISTD_ENOMEM;
+		pre = fmt(role, ": ", "");
+		rc = lines_add(l, pre ? fmt(pre, s, "") : NULL);
+		free(pre);
+		free(s);
+		if (rc)
+			return rc;
+	}
+	for (size_t j = 0; j < m->n_content && !rc; j++) {
+		const Histd__V1__ContentBlock *b = m->content[j];
+
+		if (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL) {
+			rc = lines_add(l, fmt(role, " called ", b->tool_call->name));
+		} else if (b->block_case ==
+			   HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT) {
+			const Histd__V1__ToolResultBlock *r = b->tool_result;
+			const char *name = r->tool_name[0] ? r->tool_name : "a tool";
+			const char *t = first_text(r->content, r->n_content);
+
+			if (r->is_error) {
+				rc = lines_add(l, fmt(name, " returned an error",
+						      ""));
+			} else if (t) {
+				if (!(s = first_sentence(t)))
+					return HISTD_ENOMEM;
+				pre = fmt(name, " returned: ", "");
+				rc = lines_add(l, pre ? fmt(pre, s, "") : NULL);
+				free(pre);
+				free(s);
+			} else {
+				rc = lines_add(l, fmt(name, " returned", ""));
+			}
+		} else if (b->block_case ==
+			   HISTD__V1__CONTENT_BLOCK__BLOCK_IMAGE) {
+			rc = lines_add(l, fmt(role, " shared an image", ""));
+		} else if (b->block_case ==
+			   HISTD__V1__CONTENT_BLOCK__BLOCK_DOCUMENT) {
+			const char *fn = b->document->filename;
+
+			rc = lines_add(l, fmt(role, " shared a document ",
+					      fn[0] ? fn : ""));
+		}
+	}
+	return rc;
+}
+
+static int
+ex_summarize(histd_summarizer *self, const histd_summary_request *req,
+	     histd_summary_result *out)
+{
+	uint32_t max = req->max_output_tokens ? req->max_output_tokens :
+		       DEFAULT_MAX_TOKENS;
+	struct lines l = { 0 };
+	size_t first = 0, total = 0, keep_from, len = 0;
+	uint64_t tokens = 0;
+	char *text, *p, omitted[64] = "";
+	int rc = 0;
+
+	(void)self;
+	if (req->previous && req->previous[0])
+		rc = lines_add(&l, strdup(req->previous));
+	first = l.n;
+	for (size_t i = 0; i < req->n_messages && !rc; i++)
+		rc = message_lines(&l, req->messages[i]);
+	if (rc) {
+		lines_free(&l);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	/* Keep the previous summary and the newest lines that fit. */
+	for (size_t i = 0; i < first; i++)
+		tokens += histd_tokens_text(l.v[i], strlen(l.v[i])) + 1;
+	keep_from = l.n;
+	while (keep_from > first) {
+		const char *s = l.v[keep_from - 1];
+		uint64_t t = histd_tokens_text(s, strlen(s)) + 1;
+
+		if (tokens + t > max && keep_from < l.n)
+			break;
+		tokens += t;
+		keep_from--;
+	}
+	if (keep_from > first)
+		snprintf(omitted, sizeof(omitted), "(%zu earlier lines omitted)",
+			 keep_from - first);
+	for (size_t i = 0; i < l.n; i++)
+		if (i < first || i >= keep_from)
+			total += strlen(l.v[i]) + 1;
+	total += strlen(omitted) + 2;
+	if (!(text = malloc(total + 1))) {
+		lines_free(&l);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	p = text;
+	for (size_t i = 0; i < l.n; i++) {
+		if (i == first && omitted[0]) {
+			len = strlen(omitted);
+			memcpy(p, omitted, len);
+			p += len;
+			*p++ = '\n';
+		}
+		if (i < first || i >= keep_from) {
+			len = strlen(l.v[i]);
+			memcpy(p, l.v[i], len);
+			p += len;
+			*p++ = '\n';
+		}
+	}
+	while (p > text && p[-1] == '\n')
+		p--;
+	*p = '\0';
+	lines_free(&l);
+	memset(out, 0, sizeof(*out));
+	out->text = text;
+	out->model = strdup("extractive");
+	if (!out->model) {
+		free(text);
+		out->text = NULL;
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	return 0;
+}
+
+static void
+ex_free(histd_summarizer *s)
+{
+	free(s);
+}
+
+int
+histd_extractive_new(histd_summarizer **out)
+{
+	histd_summarizer *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	s->version = HISTD_SUMMARIZER_VERSION;
+	s->name = "extractive";
+	s->summarize = ex_summarize;
+	s->free = ex_free;
+	*out = s;
+	return 0;
+}

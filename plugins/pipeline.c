@@ -1,0 +1,1011 @@
+/*
+ * The plugin registry, configured pipelines, and views (plugin.h).
+ */
+#include "plugin.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idset.h"
+#include "tokens.h"
+
+/* ---------------------------------------------------------------------- */
+/* Registry                                                                */
+
+#define REGISTRY_MAX 64
+#define NAME_MAX_LEN 64
+#define OPTS_MAX 64
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+static const histd_plugin *registry[REGISTRY_MAX];
+static size_t n_registry;
+
+static int
+name_ok(const char *s)
+{
+	size_t n = 0;
+
+	if (!s || !*s)
+		return 0;
+	for (; s[n]; n++)
+		if (n >= NAME_MAX_LEN ||
+		    !((s[n] >= 'a' && s[n] <= 'z') ||
+		      (s[n] >= '0' && s[n] <= '9') || s[n] == '_'))
+			return 0;
+	return 1;
+}
+
+static int
+register_locked(const histd_plugin *p)
+{
+	if (!p)
+		return histd_error_set(HISTD_EINVALID, "plugin is NULL");
+	if (p->version == 0 || p->version > HISTD_PLUGIN_VERSION)
+		return histd_error_set(HISTD_EINVALID,
+			"plugin version %u is not supported (host %u)",
+			p->version, HISTD_PLUGIN_VERSION);
+	if (!name_ok(p->name))
+		return histd_error_set(HISTD_EINVALID,
+			"plugin name must be 1..%d characters of [a-z0-9_]",
+			NAME_MAX_LEN);
+	if (!p->configure)
+		return histd_error_set(HISTD_EINVALID,
+			"plugin %s has no configure hook", p->name);
+	if (!p->release)
+		return histd_error_set(HISTD_EINVALID,
+			"plugin %s has no release hook", p->name);
+	if (!p->transform && !p->after_append && !p->reduce)
+		return histd_error_set(HISTD_EINVALID,
+			"plugin %s has no transform, after_append or reduce "
+			"hook", p->name);
+	for (size_t i = 0; i < n_registry; i++)
+		if (!strcmp(registry[i]->name, p->name))
+			return histd_error_set(HISTD_EEXISTS,
+				"a plugin named %s is registered already",
+				p->name);
+	if (n_registry == REGISTRY_MAX)
+		return histd_error_set(HISTD_ELIMIT,
+			"at most %d plugins can be registered", REGISTRY_MAX);
+	registry[n_registry++] = p;
+	return 0;
+}
+
+static void
+register_builtins(void)
+{
+	pthread_mutex_lock(&reg_lock);
+	register_locked(&histd_plugin_window);
+	register_locked(&histd_plugin_masking);
+	register_locked(&histd_plugin_compaction);
+	pthread_mutex_unlock(&reg_lock);
+}
+
+int
+histd_plugin_register(const histd_plugin *p)
+{
+	int rc;
+
+	pthread_once(&reg_once, register_builtins);
+	pthread_mutex_lock(&reg_lock);
+	rc = register_locked(p);
+	pthread_mutex_unlock(&reg_lock);
+	return rc;
+}
+
+const histd_plugin *
+histd_plugin_find(const char *name)
+{
+	const histd_plugin *p = NULL;
+
+	pthread_once(&reg_once, register_builtins);
+	pthread_mutex_lock(&reg_lock);
+	for (size_t i = 0; i < n_registry && !p; i++)
+		if (!strcmp(registry[i]->name, name))
+			p = registry[i];
+	pthread_mutex_unlock(&reg_lock);
+	return p;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Pipelines                                                               */
+
+struct stage {
+	const histd_plugin *plugin;
+	void *state;
+	/* The options as given, kept for histd_pipeline_dup. */
+	histd_plugin_opt *opts;
+	size_t n_opts;
+};
+
+struct histd_pipeline {
+	struct stage *v;
+	size_t n;
+};
+
+void
+histd_pipeline_free(histd_pipeline *p)
+{
+	if (!p)
+		return;
+	for (size_t i = 0; i < p->n; i++) {
+		struct stage *s = &p->v[i];
+
+		if (s->state)
+			s->plugin->release(s->state);
+		for (size_t k = 0; k < s->n_opts; k++) {
+			free((char *)s->opts[k].key);
+			free((char *)s->opts[k].value);
+		}
+		free(s->opts);
+	}
+	free(p->v);
+	free(p);
+}
+
+static int
+enomem(void)
+{
+	return histd_error_set(HISTD_ENOMEM, "out of memory");
+}
+
+/* Adds a stage: finds the plugin, configures it with copies of opts.
+ * `where` names the plugin in errors ("config.pipeline.plugins[0]"). */
+static int
+add_stage(histd_pipeline *p, const char *name, const histd_plugin_opt *opts,
+	  size_t n, const char *where)
+{
+	const histd_plugin *pl;
+	struct stage *s;
+	char err[256] = "";
+	int rc;
+
+	if (!name || !name[0])
+		return histd_error_set(HISTD_EINVALID, "%s.name is required",
+				       where);
+	if (!(pl = histd_plugin_find(name)))
+		return histd_error_set(HISTD_EINVALID,
+			"%s.name: unknown plugin", where);
+	if (n > OPTS_MAX)
+		return histd_error_set(HISTD_EINVALID,
+			"%s.options holds more than %d options", where,
+			OPTS_MAX);
+	for (size_t i = 0; i < n; i++)
+		for (size_t k = 0; k < i; k++)
+			if (!strcmp(opts[i].key, opts[k].key))
+				return histd_error_set(HISTD_EINVALID,
+					"%s.options: an option is given twice",
+					where);
+	s = realloc(p->v, (p->n + 1) * sizeof(*s));
+	if (!s)
+		return enomem();
+	p->v = s;
+	s = &p->v[p->n];
+	memset(s, 0, sizeof(*s));
+	rc = pl->configure(opts, n, &s->state, err, sizeof(err));
+	if (rc) {
+		s->state = NULL;
+		if (rc == HISTD_ENOMEM)
+			return enomem();
+		return histd_error_set(rc, "%s.%s", where,
+				       err[0] ? err : "options are not valid");
+	}
+	s->plugin = pl;
+	p->n++;
+	if (n) {
+		s->opts = calloc(n, sizeof(*s->opts));
+		if (!s->opts)
+			return enomem();
+		s->n_opts = n;
+		for (size_t i = 0; i < n; i++) {
+			s->opts[i].key = strdup(opts[i].key);
+			s->opts[i].value = strdup(opts[i].value);
+			if (!s->opts[i].key || !s->opts[i].value)
+				return enomem();
+		}
+	}
+	return 0;
+}
+
+int
+histd_pipeline_build(const Histd__V1__SessionConfig *c, const char *field,
+		     const histd_pipeline *def, histd_pipeline **out)
+{
+	histd_pipeline *p;
+	histd_plugin_opt opts[OPTS_MAX];
+	char where[160];
+	int rc;
+
+	*out = NULL;
+	if (!c || !c->pipeline)
+		return histd_pipeline_dup(def, out);
+	if (!(p = calloc(1, sizeof(*p))))
+		return enomem();
+	for (size_t i = 0; i < c->pipeline->n_plugins; i++) {
+		const Histd__V1__PluginConfig *pc = c->pipeline->plugins[i];
+		size_t n = pc->n_options;
+
+		snprintf(where, sizeof(where), "%s.pipeline.plugins[%zu]",
+			 field, i);
+		if (n > OPTS_MAX) {
+			rc = histd_error_set(HISTD_EINVALID,
+				"%s.options holds more than %d options", where,
+				OPTS_MAX);
+			goto fail;
+		}
+		for (size_t k = 0; k < n; k++) {
+			opts[k].key = pc->options[k]->key;
+			opts[k].value = pc->options[k]->value;
+		}
+		if ((rc = add_stage(p, pc->name, opts, n, where)))
+			goto fail;
+	}
+	*out = p;
+	return 0;
+fail:
+	histd_pipeline_free(p);
+	return rc;
+}
+
+int
+histd_pipeline_validate(const Histd__V1__SessionConfig *c, const char *field)
+{
+	histd_pipeline *p = NULL;
+	int rc;
+
+	if (!c || !c->pipeline)
+		return 0;
+	rc = histd_pipeline_build(c, field, NULL, &p);
+	histd_pipeline_free(p);
+	return rc;
+}
+
+int
+histd_pipeline_dup(const histd_pipeline *src, histd_pipeline **out)
+{
+	histd_pipeline *p;
+	int rc;
+
+	*out = NULL;
+	if (!src)
+		return 0;
+	if (!(p = calloc(1, sizeof(*p))))
+		return enomem();
+	for (size_t i = 0; i < src->n; i++) {
+		const struct stage *s = &src->v[i];
+
+		if ((rc = add_stage(p, s->plugin->name, s->opts, s->n_opts,
+				    "pipeline"))) {
+			histd_pipeline_free(p);
+			return rc;
+		}
+	}
+	*out = p;
+	return 0;
+}
+
+/* Splits s at the first c (in place); returns the rest or NULL. */
+static char *
+cut_at(char *s, char c)
+{
+	char *p = strchr(s, c);
+
+	if (!p)
+		return NULL;
+	*p = '\0';
+	return p + 1;
+}
+
+static char *
+trim(char *s)
+{
+	char *e;
+
+	while (*s == ' ' || *s == '\t' || *s == '\n')
+		s++;
+	e = s + strlen(s);
+	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n'))
+		*--e = '\0';
+	return s;
+}
+
+int
+histd_pipeline_parse(const char *spec, const char *field,
+		     histd_pipeline **out)
+{
+	histd_pipeline *p;
+	histd_plugin_opt opts[OPTS_MAX];
+	char *copy, *item, *next, where[160];
+	size_t idx = 0;
+	int rc = 0;
+
+	*out = NULL;
+	if (!(p = calloc(1, sizeof(*p))))
+		return enomem();
+	if (!spec || !*spec) {
+		*out = p;
+		return 0;
+	}
+	if (!(copy = strdup(spec))) {
+		free(p);
+		return enomem();
+	}
+	for (item = copy; item && !rc; item = next, idx++) {
+		char *name, *rest, *kv, *nkv;
+		size_t n = 0;
+
+		next = cut_at(item, ';');
+		rest = cut_at(item, ':');
+		name = trim(item);
+		snprintf(where, sizeof(where), "%s: plugin %zu", field, idx);
+		if (!*name && !rest && !next && idx > 0)
+			break;      /* a trailing ';' */
+		for (kv = rest; kv && !rc; kv = nkv) {
+			char *val;
+
+			nkv = cut_at(kv, ',');
+			if (!*trim(kv))
+				continue;
+			if (!(val = cut_at(kv, '='))) {
+				rc = histd_error_set(HISTD_EINVALID,
+					"%s: an option is not key=value",
+					where);
+				break;
+			}
+			if (n == OPTS_MAX) {
+				rc = histd_error_set(HISTD_EINVALID,
+					"%s: more than %d options", where,
+					OPTS_MAX);
+				break;
+			}
+			opts[n].key = trim(kv);
+			opts[n].value = trim(val);
+			n++;
+		}
+		if (!rc)
+			rc = add_stage(p, name, opts, n, where);
+	}
+	free(copy);
+	if (rc) {
+		histd_pipeline_free(p);
+		return rc;
+	}
+	*out = p;
+	return 0;
+}
+
+size_t
+histd_pipeline_len(const histd_pipeline *p)
+{
+	return p ? p->n : 0;
+}
+
+const histd_plugin *
+histd_pipeline_plugin(const histd_pipeline *p, size_t i, void **state)
+{
+	if (!p || i >= p->n)
+		return NULL;
+	if (state)
+		*state = p->v[i].state;
+	return p->v[i].plugin;
+}
+
+int
+histd_pipeline_after_append(const histd_pipeline *p,
+			    const histd_session_totals *t)
+{
+	for (size_t i = 0; p && i < p->n; i++)
+		if (p->v[i].plugin->after_append &&
+		    p->v[i].plugin->after_append(p->v[i].state, t) > 0)
+			return 1;
+	return 0;
+}
+
+int
+histd_pipeline_reducer(const histd_pipeline *p)
+{
+	for (size_t i = 0; p && i < p->n; i++)
+		if (p->v[i].plugin->reduce)
+			return (int)i;
+	return -1;
+}
+
+int
+histd_pipeline_transform(const histd_pipeline *p, histd_view *v)
+{
+	int rc;
+
+	for (size_t i = 0; p && i < p->n; i++) {
+		if (!p->v[i].plugin->transform)
+			continue;
+		rc = p->v[i].plugin->transform(p->v[i].state, v);
+		if (rc == HISTD_PLUGIN_MORE && v->complete)
+			rc = 0;     /* nothing older exists */
+		if (rc)
+			return rc;
+	}
+	if (!v->complete && !v->bounded)
+		return HISTD_PLUGIN_MORE;
+	return histd_view_fixup(v);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Views                                                                   */
+
+struct chunk {
+	struct chunk *next;
+	size_t cap, used;
+	_Alignas(16) unsigned char mem[];
+};
+
+struct host {
+	struct chunk *chunks;
+	size_t cap;                    /* of v->items */
+	ProtobufCAllocator alloc;
+};
+
+static void *
+arena_alloc(struct host *h, size_t size)
+{
+	struct chunk *c = h->chunks;
+	void *p;
+
+	size = (size + 15) & ~(size_t)15;
+	if (!c || c->cap - c->used < size) {
+		size_t cap = size > 32768 ? size : 32768;
+
+		if (!(c = malloc(sizeof(*c) + cap)))
+			return NULL;
+		c->cap = cap;
+		c->used = 0;
+		c->next = h->chunks;
+		h->chunks = c;
+	}
+	p = c->mem + c->used;
+	c->used += size;
+	return p;
+}
+
+static void *
+pb_alloc(void *data, size_t size)
+{
+	return arena_alloc(data, size);
+}
+
+static void
+pb_free(void *data, void *p)
+{
+	(void)data;
+	(void)p;
+}
+
+void *
+histd_view_alloc(histd_view *v, size_t size)
+{
+	void *p = arena_alloc(v->host, size);
+
+	if (p)
+		memset(p, 0, size);
+	return p;
+}
+
+static char *
+op_strdup(histd_view *v, const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *p = arena_alloc(v->host, n);
+
+	if (p)
+		memcpy(p, s, n);
+	return p;
+}
+
+Histd__V1__Message *
+histd_view_message(histd_view *v, size_t i)
+{
+	struct host *h = v->host;
+	histd_view_item *it;
+
+	if (i >= v->n)
+		return NULL;
+	it = &v->items[i];
+	if (!it->msg)
+		it->msg = histd__v1__message__unpack(&h->alloc, it->len,
+						     it->data);
+	return it->msg;
+}
+
+static void
+op_changed(histd_view *v, size_t i)
+{
+	histd_view_item *it = &v->items[i];
+
+	it->flags |= HISTD_ITEM_CHANGED;
+	if (it->msg) {
+		it->tokens = histd_tokens_message(it->msg);
+		it->msg->token_estimate = it->tokens;
+	}
+}
+
+static void
+op_remove(histd_view *v, size_t i)
+{
+	if (i >= v->n)
+		return;
+	memmove(&v->items[i], &v->items[i + 1],
+		(v->n - i - 1) * sizeof(v->items[0]));
+	v->n--;
+}
+
+static const histd_view_ops view_ops = {
+	.version = HISTD_PLUGIN_VERSION,
+	.message = histd_view_message,
+	.changed = op_changed,
+	.remove = op_remove,
+	.alloc = histd_view_alloc,
+	.strdup = op_strdup,
+	.tokens = histd_tokens_message,
+};
+
+histd_view *
+histd_view_new(void)
+{
+	histd_view *v = calloc(1, sizeof(*v));
+	struct host *h = calloc(1, sizeof(*h));
+
+	if (!v || !h) {
+		free(v);
+		free(h);
+		return NULL;
+	}
+	h->alloc.alloc = pb_alloc;
+	h->alloc.free = pb_free;
+	h->alloc.allocator_data = h;
+	v->ops = &view_ops;
+	v->host = h;
+	return v;
+}
+
+void
+histd_view_free(histd_view *v)
+{
+	struct host *h;
+
+	if (!v)
+		return;
+	h = v->host;
+	while (h->chunks) {
+		struct chunk *c = h->chunks;
+
+		h->chunks = c->next;
+		free(c);
+	}
+	free(h);
+	free(v->items);
+	free(v);
+}
+
+static histd_view_item *
+push_item(histd_view *v)
+{
+	struct host *h = v->host;
+
+	if (v->n == h->cap) {
+		size_t cap = h->cap ? h->cap * 2 : 32;
+		histd_view_item *n = realloc(v->items, cap * sizeof(*n));
+
+		if (!n)
+			return NULL;
+		v->items = n;
+		h->cap = cap;
+	}
+	memset(&v->items[v->n], 0, sizeof(v->items[0]));
+	return &v->items[v->n++];
+}
+
+/* Wire reading for the cheap scan of stored messages. */
+static size_t
+rd_varint(const uint8_t *p, size_t avail, uint64_t *v)
+{
+	uint64_t x = 0;
+
+	for (size_t i = 0; i < avail && i < 10; i++) {
+		x |= (uint64_t)(p[i] & 0x7f) << (7 * i);
+		if (!(p[i] & 0x80)) {
+			*v = x;
+			return i + 1;
+		}
+	}
+	return 0;
+}
+
+/* Skips one field's value; returns bytes taken or 0 if malformed. For
+ * wire type 2, *sub and *sub_len give the payload. */
+static size_t
+rd_skip(const uint8_t *p, size_t avail, unsigned wt, const uint8_t **sub,
+	size_t *sub_len, uint64_t *num)
+{
+	uint64_t v = 0;
+	size_t n;
+
+	switch (wt) {
+	case 0:
+		n = rd_varint(p, avail, &v);
+		if (num)
+			*num = v;
+		return n;
+	case 1:
+		return avail >= 8 ? 8 : 0;
+	case 5:
+		return avail >= 4 ? 4 : 0;
+	case 2:
+		if (!(n = rd_varint(p, avail, &v)) || v > avail - n)
+			return 0;
+		*sub = p + n;
+		*sub_len = (size_t)v;
+		return n + (size_t)v;
+	default:
+		return 0;
+	}
+}
+
+int
+histd_message_scan(const uint8_t *p, size_t len, int *role, uint32_t *flags)
+{
+	size_t i = 0;
+
+	*role = 0;
+	*flags = 0;
+	while (i < len) {
+		const uint8_t *sub = NULL;
+		size_t sub_len = 0, n;
+		uint64_t key, num = 0;
+
+		if (!(n = rd_varint(p + i, len - i, &key)))
+			return HISTD_ECORRUPT;
+		i += n;
+		n = rd_skip(p + i, len - i, key & 7, &sub, &sub_len, &num);
+		if (!n)
+			return HISTD_ECORRUPT;
+		i += n;
+		if (key >> 3 == 2 && (key & 7) == 0) {
+			*role = (int)num;
+		} else if (key >> 3 == 3 && (key & 7) == 2) {
+			/* A ContentBlock: which of its oneof fields is set. */
+			size_t j = 0;
+
+			while (j < sub_len) {
+				const uint8_t *s2;
+				size_t l2, m;
+				uint64_t k2;
+
+				if (!(m = rd_varint(sub + j, sub_len - j, &k2)))
+					return HISTD_ECORRUPT;
+				j += m;
+				if (!(m = rd_skip(sub + j, sub_len - j, k2 & 7,
+						  &s2, &l2, NULL)))
+					return HISTD_ECORRUPT;
+				j += m;
+				switch (k2 >> 3) {
+				case 4:
+					*flags |= HISTD_ITEM_REASONING;
+					break;
+				case 5:
+					*flags |= HISTD_ITEM_CALLS;
+					break;
+				case 6:
+					*flags |= HISTD_ITEM_RESULTS;
+					break;
+				}
+			}
+		}
+	}
+	if (*role == HISTD__V1__ROLE__ROLE_SYSTEM)
+		*flags |= HISTD_ITEM_SYSTEM;
+	return 0;
+}
+
+int
+histd_view_push_record(histd_view *v, uint64_t seq, uint32_t tokens,
+		       const uint8_t *data, size_t len)
+{
+	histd_view_item *it;
+	uint32_t flags;
+	int role;
+
+	if (histd_message_scan(data, len, &role, &flags))
+		return histd_error_set(HISTD_ECORRUPT,
+			"the stored message at seq %llu does not decode",
+			(unsigned long long)seq);
+	if (!(it = push_item(v)))
+		return enomem();
+	it->seq = seq;
+	it->tokens = tokens;
+	it->flags = flags;
+	it->role = role;
+	it->data = data;
+	it->len = len;
+	return 0;
+}
+
+/* Flags of an unpacked message. */
+static uint32_t
+msg_flags(const Histd__V1__Message *m)
+{
+	uint32_t f = 0;
+
+	for (size_t j = 0; j < m->n_content; j++)
+		switch (m->content[j]->block_case) {
+		case HISTD__V1__CONTENT_BLOCK__BLOCK_REASONING:
+			f |= HISTD_ITEM_REASONING;
+			break;
+		case HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL:
+			f |= HISTD_ITEM_CALLS;
+			break;
+		case HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT:
+			f |= HISTD_ITEM_RESULTS;
+			break;
+		default:
+			break;
+		}
+	if (m->role == HISTD__V1__ROLE__ROLE_SYSTEM)
+		f |= HISTD_ITEM_SYSTEM;
+	return f;
+}
+
+int
+histd_view_push_message(histd_view *v, Histd__V1__Message *m, uint32_t flags)
+{
+	histd_view_item *it = push_item(v);
+
+	if (!it)
+		return enomem();
+	it->seq = m->seq;
+	it->msg = m;
+	it->role = m->role;
+	it->flags = flags | HISTD_ITEM_CHANGED | msg_flags(m);
+	if (flags & HISTD_ITEM_SUMMARY)
+		it->flags &= ~(uint32_t)HISTD_ITEM_SYSTEM;
+	it->tokens = histd_tokens_message(m);
+	m->token_estimate = it->tokens;
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Safe starts                                                             */
+
+/* What the safe-start scan needs of one message. */
+struct turn_info {
+	int role;
+	uint32_t flags;
+	const Histd__V1__Message *m;   /* NULL when it holds no tool blocks */
+};
+
+/*
+ * Backward scan: `need` holds the tool_call ids that results in m[s..n)
+ * answer and that no call in m[s..n) issued. A start s is safe when need
+ * is empty and m[s] does not continue an assistant run.
+ */
+static int
+safe_scan(const struct turn_info *t, size_t n, unsigned char *safe,
+	  int first_is_start)
+{
+	histd_idset need;
+	int rc = 0;
+
+	histd_idset_init(&need);
+	safe[n] = 1;
+	for (size_t k = n; k-- > 0;) {
+		const Histd__V1__Message *m = t[k].m;
+		int cont;
+
+		if (m) {
+			for (size_t j = 0; j < m->n_content && !rc; j++) {
+				const Histd__V1__ContentBlock *b = m->content[j];
+
+				if (b->block_case ==
+				    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
+					rc = histd_idset_add(&need,
+						b->tool_result->tool_call_id);
+			}
+			for (size_t j = 0; j < m->n_content && !rc; j++) {
+				const Histd__V1__ContentBlock *b = m->content[j];
+
+				if (b->block_case ==
+				    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL)
+					histd_idset_del(&need, b->tool_call->id);
+			}
+			if (rc)
+				break;
+		}
+		/* Consecutive assistant messages are one turn (reasoning
+		 * items, then the message or calls they led to). */
+		if (k == 0)
+			cont = !first_is_start;
+		else
+			cont = t[k].role == HISTD__V1__ROLE__ROLE_ASSISTANT &&
+			       t[k - 1].role == HISTD__V1__ROLE__ROLE_ASSISTANT;
+		safe[k] = need.count == 0 && !cont;
+	}
+	histd_idset_free(&need);
+	return rc;
+}
+
+int
+histd_safe_starts_msgs(Histd__V1__Message *const *m, size_t n,
+		       unsigned char *safe, int first_is_start)
+{
+	struct turn_info *t = calloc(n ? n : 1, sizeof(*t));
+	int rc;
+
+	if (!t)
+		return enomem();
+	for (size_t i = 0; i < n; i++) {
+		t[i].role = m[i]->role;
+		t[i].flags = msg_flags(m[i]);
+		t[i].m = (t[i].flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)) ?
+			 m[i] : NULL;
+	}
+	rc = safe_scan(t, n, safe, first_is_start);
+	free(t);
+	return rc;
+}
+
+int
+histd_safe_starts_items(histd_view *v, size_t from, unsigned char *safe,
+			int first_is_start)
+{
+	size_t n = v->n - from;
+	struct turn_info *t = calloc(n ? n : 1, sizeof(*t));
+	int rc;
+
+	if (!t)
+		return enomem();
+	for (size_t i = 0; i < n; i++) {
+		histd_view_item *it = &v->items[from + i];
+
+		t[i].role = it->role;
+		t[i].flags = it->flags;
+		if (it->flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)) {
+			t[i].m = histd_view_message(v, from + i);
+			if (!t[i].m) {
+				free(t);
+				return histd_error_set(HISTD_ECORRUPT,
+					"the stored message at seq %llu does "
+					"not decode",
+					(unsigned long long)it->seq);
+			}
+		}
+	}
+	rc = safe_scan(t, n, safe, first_is_start);
+	free(t);
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The fix-up                                                              */
+
+/* Removes from item i's message the tool blocks whose partner is absent:
+ * results not in `calls`, calls not in `results`. */
+static int
+drop_unpaired(histd_view *v, size_t i, const histd_idset *calls,
+	      const histd_idset *results)
+{
+	histd_view_item *it = &v->items[i];
+	Histd__V1__Message *m = histd_view_message(v, i), *c;
+	Histd__V1__ContentBlock **keep;
+	size_t n = 0;
+
+	if (!m)
+		return histd_error_set(HISTD_ECORRUPT,
+			"the stored message at seq %llu does not decode",
+			(unsigned long long)it->seq);
+	for (size_t j = 0; j < m->n_content; j++) {
+		const Histd__V1__ContentBlock *b = m->content[j];
+
+		if ((b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT &&
+		     !histd_idset_has(calls, b->tool_result->tool_call_id)) ||
+		    (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL &&
+		     !histd_idset_has(results, b->tool_call->id)))
+			continue;
+		n++;
+	}
+	if (n == m->n_content)
+		return 0;
+	/* A shallow copy: the blocks are shared, the array is new. */
+	c = histd_view_alloc(v, sizeof(*c));
+	keep = histd_view_alloc(v, (n ? n : 1) * sizeof(*keep));
+	if (!c || !keep)
+		return enomem();
+	*c = *m;
+	n = 0;
+	for (size_t j = 0; j < m->n_content; j++) {
+		Histd__V1__ContentBlock *b = m->content[j];
+
+		if ((b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT &&
+		     !histd_idset_has(calls, b->tool_result->tool_call_id)) ||
+		    (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL &&
+		     !histd_idset_has(results, b->tool_call->id)))
+			continue;
+		keep[n++] = b;
+	}
+	c->content = keep;
+	c->n_content = n;
+	it->msg = c;
+	it->flags = (it->flags & (HISTD_ITEM_SUMMARY)) | msg_flags(c);
+	op_changed(v, i);
+	return 0;
+}
+
+int
+histd_view_fixup(histd_view *v)
+{
+	histd_view_item *tmp;
+	histd_idset calls, results;
+	size_t o = 0;
+	int rc = 0;
+
+	/* System first, then the summary, then the rest: a stable partition. */
+	if (v->n) {
+		if (!(tmp = malloc(v->n * sizeof(*tmp))))
+			return enomem();
+		for (int pass = 0; pass < 3; pass++)
+			for (size_t i = 0; i < v->n; i++) {
+				uint32_t f = v->items[i].flags;
+				int kind = (f & HISTD_ITEM_SYSTEM) ? 0 :
+					   (f & HISTD_ITEM_SUMMARY) ? 1 : 2;
+
+				if (kind == pass)
+					tmp[o++] = v->items[i];
+			}
+		memcpy(v->items, tmp, v->n * sizeof(*tmp));
+		free(tmp);
+	}
+
+	histd_idset_init(&calls);
+	histd_idset_init(&results);
+	for (size_t i = 0; i < v->n && !rc; i++) {
+		Histd__V1__Message *m;
+
+		if (!(v->items[i].flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)))
+			continue;
+		if (!(m = histd_view_message(v, i))) {
+			rc = histd_error_set(HISTD_ECORRUPT,
+				"the stored message at seq %llu does not decode",
+				(unsigned long long)v->items[i].seq);
+			break;
+		}
+		for (size_t j = 0; j < m->n_content && !rc; j++) {
+			const Histd__V1__ContentBlock *b = m->content[j];
+
+			if (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL)
+				rc = histd_idset_add(&calls, b->tool_call->id);
+			else if (b->block_case ==
+				 HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
+				rc = histd_idset_add(&results,
+					b->tool_result->tool_call_id);
+		}
+	}
+	/* A result must come after its call: a call seen only later does not
+	 * count. Calls and results are unique per session, so "present in
+	 * the view" plus the append-time rule (results answer earlier calls)
+	 * gives the order; the partition above moves only system messages,
+	 * which carry no tool blocks. */
+	for (size_t i = 0; i < v->n && !rc;) {
+		if (v->items[i].flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)) {
+			rc = drop_unpaired(v, i, &calls, &results);
+			if (!rc && v->items[i].msg &&
+			    v->items[i].msg->n_content == 0) {
+				op_remove(v, i);
+				continue;
+			}
+		}
+		i++;
+	}
+	histd_idset_free(&calls);
+	histd_idset_free(&results);
+	return rc;
+}

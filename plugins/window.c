@@ -1,0 +1,131 @@
+/*
+ * window: the last N messages, or as many of the newest messages as fit
+ * a token budget (or both: the tighter wins).
+ *
+ * System messages and the summary message are always kept and do not
+ * count toward max_messages; their tokens do count toward max_tokens (the
+ * budget is what the model receives). The view starts only at a safe
+ * start (plugin.h): the window moves its start later rather than keep a
+ * tool_result without its tool_call or cut an assistant turn, so it never
+ * exceeds its bounds; when not even the newest turn fits, only system and
+ * summary messages are left.
+ *
+ * Options:
+ *   max_messages (alias max_length)  1..10,000,000; 0 or absent: no limit
+ *   max_tokens                        1..2^32;     0 or absent: no limit
+ * At least one is required.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "opts.h"
+#include "plugin.h"
+
+struct window {
+	uint64_t max_messages;
+	uint64_t max_tokens;
+};
+
+static int
+w_configure(const histd_plugin_opt *o, size_t n, void **state, char *err,
+	    size_t cap)
+{
+	struct window w = { 0 }, *s;
+	int rc;
+
+	for (size_t i = 0; i < n; i++) {
+		if (!strcmp(o[i].key, "max_messages") ||
+		    !strcmp(o[i].key, "max_length"))
+			rc = histd_opt_uint(&o[i], 10000000, &w.max_messages,
+					    err, cap);
+		else if (!strcmp(o[i].key, "max_tokens"))
+			rc = histd_opt_uint(&o[i], UINT32_MAX, &w.max_tokens,
+					    err, cap);
+		else
+			rc = histd_opt_unknown(&o[i], "window", err, cap);
+		if (rc)
+			return rc;
+	}
+	if (!w.max_messages && !w.max_tokens) {
+		snprintf(err, cap, "options: max_messages or max_tokens is "
+			 "required");
+		return HISTD_EINVALID;
+	}
+	if (!(s = malloc(sizeof(*s))))
+		return HISTD_ENOMEM;
+	*s = w;
+	*state = s;
+	return 0;
+}
+
+static void
+w_release(void *state)
+{
+	free(state);
+}
+
+static int
+pinned(const histd_view_item *it)
+{
+	return (it->flags & (HISTD_ITEM_SYSTEM | HISTD_ITEM_SUMMARY)) != 0;
+}
+
+static int
+w_transform(void *state, histd_view *v)
+{
+	const struct window *w = state;
+	size_t from = 0, m, s0, s;
+	uint64_t pinned_tokens = 0, sum = 0;
+	unsigned char *safe;
+	int rc;
+
+	while (from < v->n && pinned(&v->items[from]))
+		pinned_tokens += v->items[from++].tokens;
+	m = v->n - from;
+
+	/* s0: the earliest start the bounds allow. */
+	s0 = 0;
+	if (w->max_messages && m > w->max_messages)
+		s0 = m - (size_t)w->max_messages;
+	if (w->max_tokens) {
+		uint64_t avail = w->max_tokens > pinned_tokens ?
+				 w->max_tokens - pinned_tokens : 0;
+		size_t k = m;
+
+		while (k > 0 && sum + v->items[from + k - 1].tokens <= avail)
+			sum += v->items[from + --k].tokens;
+		if (k > s0)
+			s0 = k;
+	}
+	/* Everything loaded fits: older messages might too. */
+	if (s0 == 0 && !v->complete)
+		return HISTD_PLUGIN_MORE;
+
+	if (!(safe = malloc(m + 1)))
+		return HISTD_ENOMEM;
+	rc = histd_safe_starts_items(v, from, safe, v->complete);
+	if (rc) {
+		free(safe);
+		return rc;
+	}
+	for (s = s0; s < m && !safe[s]; s++)
+		;
+	free(safe);
+	/* Drop the messages before the start (never a pinned one). */
+	for (size_t i = from, k = 0; k < s; k++) {
+		if (pinned(&v->items[i]))
+			i++;
+		else
+			v->ops->remove(v, i);
+	}
+	v->bounded = 1;
+	return 0;
+}
+
+const histd_plugin histd_plugin_window = {
+	.version = HISTD_PLUGIN_VERSION,
+	.name = "window",
+	.configure = w_configure,
+	.release = w_release,
+	.transform = w_transform,
+};

@@ -1,0 +1,1574 @@
+/*
+ * The CONTEXT view, Reduce, automatic compaction and the session TTL
+ * (context.h).
+ */
+#include "context.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "compaction.h"
+#include "histd_wire.h"
+#include "log.h"
+#include "plugin.h"
+#include "tokens.h"
+
+#define BUCKETS 1024
+#define FIRST_LOAD 32          /* messages a CONTEXT read loads first */
+#define PUT_ATTEMPTS 16        /* summary_put retries against appends */
+#define BACKOFF_MAX_US (INT64_C(60) * 1000000)
+#define TENANTS_MAX 256
+#define SWEEP_PAGE 500
+#define PIPE_CACHE 256
+
+struct pipe_entry {
+	struct pipe_entry *next;
+	histd_pipeline *p;
+	size_t len;
+	uint8_t bytes[];
+};
+
+/* A system message of a session, kept by the index. */
+struct sys_msg {
+	uint64_t seq;
+	uint32_t tokens;
+	uint32_t len;
+	uint8_t *data;
+};
+
+/* What the context knows of one session. Entries live until the context
+ * is freed (they are small; the system index is what the session's
+ * system prompts weigh). */
+struct sess {
+	struct sess *next;
+	char *tenant;
+	char *id;
+	histd_driver *d;
+	/* Under x->lock. */
+	int busy;                  /* a compaction runs */
+	int queued;                /* in x's queue: a check is due at due_us */
+	struct sess *qnext;
+	int64_t due_us;
+	int retries;               /* failed attempts in a row */
+	int64_t not_before;        /* backoff: no attempt before this */
+	int64_t last_append_us;
+	/* The system index, under idx_lock. */
+	pthread_mutex_t idx_lock;
+	int64_t idx_created_us;
+	uint64_t idx_cleared;
+	uint64_t idx_scanned;      /* every seq <= this was scanned */
+	struct sys_msg *sys;
+	size_t n_sys, cap_sys;
+	/* Tokens of the messages a summary covers (worker only). */
+	uint64_t cov_to, cov_cleared, cov_tokens;
+	int cov_known;
+};
+
+struct histd_context {
+	histd_driver *d;
+	histd_context_config cfg;
+	histd_pipeline *def;
+	histd_plugin_error_fn sink;
+	void *sink_arg;
+
+	pthread_mutex_t lock;
+	pthread_cond_t work;       /* workers: something became due */
+	pthread_cond_t idle;       /* a compaction finished */
+	struct sess *table[BUCKETS];
+	/* Sessions with an automatic check queued, oldest first. */
+	struct sess *qhead, *qtail;
+	int stop;
+	int running;               /* compactions running now */
+	pthread_t *threads;
+	int n_threads;
+
+	char *tenants[TENANTS_MAX];
+	size_t n_tenants;
+
+	/* Pipelines built from session configs, by the config's bytes:
+	 * read-only once built, shared by every read (plugin states are
+	 * never written by hooks). At most PIPE_CACHE; past that, reads
+	 * build their own. */
+	pthread_mutex_t pipe_lock;
+	struct pipe_entry *pipes;
+	size_t n_pipes;
+
+	pthread_t sweeper;
+	int have_sweeper;
+	pthread_mutex_t sweep_lock;
+	pthread_cond_t sweep_cond;
+};
+
+/* The context of a service built without one: Reduce must still be one
+ * per session at a time. No threads. */
+static histd_context *fallback;
+static pthread_once_t fallback_once = PTHREAD_ONCE_INIT;
+
+static int
+enomem(void)
+{
+	return histd_error_set(HISTD_ENOMEM, "out of memory");
+}
+
+/* ---------------------------------------------------------------------- */
+/* Sessions                                                                */
+
+static uint64_t
+key_hash(const char *tenant, const char *id)
+{
+	uint64_t h = 1469598103934665603ull;
+
+	for (const char *p = tenant; *p; p++)
+		h = (h ^ (unsigned char)*p) * 1099511628211ull;
+	h = (h ^ 0xff) * 1099511628211ull;
+	for (const char *p = id; *p; p++)
+		h = (h ^ (unsigned char)*p) * 1099511628211ull;
+	return h;
+}
+
+/* The entry of (tenant, id), created if absent; x->lock held. NULL if out
+ * of memory. */
+static struct sess *
+sess_get(histd_context *x, histd_driver *d, const char *tenant,
+	 const char *id)
+{
+	struct sess **b = &x->table[key_hash(tenant, id) % BUCKETS], *s;
+
+	for (s = *b; s; s = s->next)
+		if (!strcmp(s->tenant, tenant) && !strcmp(s->id, id))
+			return s;
+	if (!(s = calloc(1, sizeof(*s))))
+		return NULL;
+	s->tenant = strdup(tenant);
+	s->id = strdup(id);
+	if (!s->tenant || !s->id) {
+		free(s->tenant);
+		free(s->id);
+		free(s);
+		return NULL;
+	}
+	pthread_mutex_init(&s->idx_lock, NULL);
+	s->d = d;
+	s->next = *b;
+	*b = s;
+	return s;
+}
+
+static void
+sys_clear(struct sess *s)
+{
+	for (size_t i = 0; i < s->n_sys; i++)
+		free(s->sys[i].data);
+	s->n_sys = 0;
+}
+
+static void
+sess_free(struct sess *s)
+{
+	sys_clear(s);
+	free(s->sys);
+	pthread_mutex_destroy(&s->idx_lock);
+	free(s->tenant);
+	free(s->id);
+	free(s);
+}
+
+static void
+note_tenant(histd_context *x, const char *tenant)
+{
+	for (size_t i = 0; i < x->n_tenants; i++)
+		if (!strcmp(x->tenants[i], tenant))
+			return;
+	if (x->n_tenants < TENANTS_MAX) {
+		char *t = strdup(tenant);
+
+		if (t)
+			x->tenants[x->n_tenants++] = t;
+	}
+}
+
+/* ---------------------------------------------------------------------- */
+/* Small helpers                                                           */
+
+static Histd__V1__SessionConfig *
+config_of(const histd_session *s)
+{
+	if (!s->config_len)
+		return NULL;
+	return histd__v1__session_config__unpack(NULL, s->config_len,
+						 s->config);
+}
+
+/*
+ * The session's pipeline: its config's, or the default. *out is borrowed
+ * (the default, or a cached one) when *owned is 0; else the caller frees
+ * it.
+ */
+static int
+session_pipeline(histd_context *x, const histd_session *s,
+		 histd_pipeline **out, int *owned)
+{
+	Histd__V1__SessionConfig *c;
+	struct pipe_entry *e;
+	int rc;
+
+	*owned = 0;
+	*out = NULL;
+	if (!s->config_len) {
+		*out = x->def;
+		return 0;
+	}
+	pthread_mutex_lock(&x->pipe_lock);
+	for (e = x->pipes; e; e = e->next)
+		if (e->len == s->config_len &&
+		    !memcmp(e->bytes, s->config, e->len))
+			break;
+	pthread_mutex_unlock(&x->pipe_lock);
+	if (e) {
+		*out = e->p;
+		return 0;
+	}
+	if (!(c = config_of(s)))
+		return histd_error_set(HISTD_ECORRUPT,
+			"the stored config of the session does not decode");
+	if (!c->pipeline) {
+		histd__v1__session_config__free_unpacked(c, NULL);
+		*out = x->def;
+		return 0;
+	}
+	rc = histd_pipeline_build(c, "config", x->def, out);
+	histd__v1__session_config__free_unpacked(c, NULL);
+	if (rc)
+		return rc;
+	*owned = 1;
+	pthread_mutex_lock(&x->pipe_lock);
+	if (x->n_pipes < PIPE_CACHE &&
+	    (e = malloc(sizeof(*e) + s->config_len))) {
+		e->p = *out;
+		e->len = s->config_len;
+		memcpy(e->bytes, s->config, s->config_len);
+		e->next = x->pipes;
+		x->pipes = e;
+		x->n_pipes++;
+		*owned = 0;
+	}
+	pthread_mutex_unlock(&x->pipe_lock);
+	return 0;
+}
+
+static Histd__V1__Summary *
+summary_unpack(const histd_record *rec)
+{
+	return histd__v1__summary__unpack(NULL, rec->len, rec->data);
+}
+
+static void
+ts_set(Google__Protobuf__Timestamp *ts, int64_t us)
+{
+	int64_t sec = us / 1000000, rem = us % 1000000;
+
+	if (rem < 0) {
+		rem += 1000000;
+		sec--;
+	}
+	ts->seconds = sec;
+	ts->nanos = (int32_t)(rem * 1000);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The system index                                                        */
+
+/* Brings s's index up to `upto` (inclusive) for the session record sr.
+ * s->idx_lock held. */
+static int
+index_update(struct sess *s, histd_driver *d, const char *tenant,
+	     const histd_session *sr, uint64_t upto)
+{
+	histd_read q = { .tenant = tenant, .session_id = s->id };
+	histd_read_result res = { 0 };
+	int rc = 0;
+
+	if (s->idx_created_us != sr->created_at_us ||
+	    s->idx_cleared != sr->cleared_to_seq ||
+	    s->idx_scanned > sr->last_seq || s->idx_scanned < sr->cleared_to_seq) {
+		sys_clear(s);
+		s->idx_created_us = sr->created_at_us;
+		s->idx_cleared = sr->cleared_to_seq;
+		s->idx_scanned = sr->cleared_to_seq;
+	}
+	while (s->idx_scanned < upto && !rc) {
+		uint64_t want = upto - s->idx_scanned;
+
+		q.after_seq = s->idx_scanned;
+		q.limit = want > 4096 ? 4096 : (uint32_t)want;
+		if ((rc = histd_driver_read(d, &q, &res)))
+			break;
+		for (size_t i = 0; i < res.records.n && !rc; i++) {
+			const histd_record *r = &res.records.v[i];
+			uint32_t flags;
+			int role;
+
+			if (r->seq > upto)
+				break;
+			if (histd_message_scan(r->data, r->len, &role, &flags)) {
+				rc = histd_error_set(HISTD_ECORRUPT,
+					"the stored message at seq %" PRIu64
+					" does not decode", r->seq);
+				break;
+			}
+			if (role == HISTD__V1__ROLE__ROLE_SYSTEM) {
+				struct sys_msg *m;
+
+				if (s->n_sys == s->cap_sys) {
+					size_t cap = s->cap_sys ? s->cap_sys * 2 : 4;
+
+					m = realloc(s->sys, cap * sizeof(*m));
+					if (!m) {
+						rc = enomem();
+						break;
+					}
+					s->sys = m;
+					s->cap_sys = cap;
+				}
+				m = &s->sys[s->n_sys];
+				if (!(m->data = malloc(r->len ? r->len : 1))) {
+					rc = enomem();
+					break;
+				}
+				memcpy(m->data, r->data, r->len);
+				m->len = r->len;
+				m->seq = r->seq;
+				m->tokens = r->token_estimate;
+				s->n_sys++;
+			}
+			s->idx_scanned = r->seq;
+		}
+		if (!rc && (res.records.n == 0 || !res.has_more))
+			s->idx_scanned = upto;   /* nothing more stored */
+		histd_read_result_clear(&res);
+	}
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The CONTEXT view                                                        */
+
+/* Packs the view into a GetMessagesResponse. summary: the stored record
+ * or NULL. */
+static int
+view_pack(histd_view *v, const histd_record *summary, uint64_t revision,
+	  uint8_t **out, size_t *len)
+{
+	size_t size = 0, o = 0, *plen;
+	uint64_t tokens = 0;
+	uint8_t *buf;
+
+	if (!(plen = calloc(v->n ? v->n : 1, sizeof(*plen))))
+		return enomem();
+	for (size_t i = 0; i < v->n; i++) {
+		histd_view_item *it = &v->items[i];
+
+		plen[i] = (it->flags & HISTD_ITEM_CHANGED) ?
+			  histd__v1__message__get_packed_size(it->msg) :
+			  it->len;
+		size += 1 + histd_wire_varint_size(plen[i]) + plen[i];
+		tokens += it->tokens;
+	}
+	if (summary)
+		size += 1 + histd_wire_varint_size(summary->len) + summary->len;
+	size += 2 * (1 + HISTD_WIRE_VARINT_MAX);
+	if (!(buf = malloc(size))) {
+		free(plen);
+		return enomem();
+	}
+	for (size_t i = 0; i < v->n; i++) {
+		histd_view_item *it = &v->items[i];
+
+		o += histd_wire_put_len_key(buf + o, 1, plen[i]);
+		if (it->flags & HISTD_ITEM_CHANGED)
+			o += histd__v1__message__pack(it->msg, buf + o);
+		else {
+			memcpy(buf + o, it->data, it->len);
+			o += it->len;
+		}
+	}
+	if (revision) {
+		buf[o++] = 3 << 3;
+		o += histd_wire_put_varint(buf + o, revision);
+	}
+	if (summary) {
+		o += histd_wire_put_len_key(buf + o, 4, summary->len);
+		memcpy(buf + o, summary->data, summary->len);
+		o += summary->len;
+	}
+	if (tokens) {
+		buf[o++] = 5 << 3;
+		o += histd_wire_put_varint(buf + o, tokens);
+	}
+	free(plen);
+	*out = buf;
+	*len = o;
+	return 0;
+}
+
+/* The summary message of the view: role user, one text block. */
+static Histd__V1__Message *
+summary_message(histd_view *v, const Histd__V1__Summary *sum)
+{
+	static const Histd__V1__Message mi = HISTD__V1__MESSAGE__INIT;
+	static const Histd__V1__ContentBlock bi = HISTD__V1__CONTENT_BLOCK__INIT;
+	static const Histd__V1__TextBlock ti = HISTD__V1__TEXT_BLOCK__INIT;
+	Histd__V1__Message *m = histd_view_alloc(v, sizeof(*m));
+	Histd__V1__ContentBlock *b = histd_view_alloc(v, sizeof(*b));
+	Histd__V1__ContentBlock **arr = histd_view_alloc(v, sizeof(*arr));
+	Histd__V1__TextBlock *t = histd_view_alloc(v, sizeof(*t));
+	size_t n = strlen(HISTD_SUMMARY_PREFIX) + strlen(sum->text) + 2;
+	char *text = histd_view_alloc(v, n);
+
+	if (!m || !b || !arr || !t || !text)
+		return NULL;
+	snprintf(text, n, "%s%s]", HISTD_SUMMARY_PREFIX, sum->text);
+	*t = ti;
+	t->text = text;
+	*b = bi;
+	b->block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+	b->text = t;
+	arr[0] = b;
+	*m = mi;
+	m->role = HISTD__V1__ROLE__ROLE_USER;
+	m->content = arr;
+	m->n_content = 1;
+	m->author = "histd";
+	if (sum->created_at) {
+		Google__Protobuf__Timestamp *ts = histd_view_alloc(v, sizeof(*ts));
+
+		if (!ts)
+			return NULL;
+		google__protobuf__timestamp__init(ts);
+		*ts = *sum->created_at;
+		m->created_at = ts;
+	}
+	return m;
+}
+
+/* A pipeline of one window for a request's last_n. */
+static int
+last_n_window(uint32_t n, histd_pipeline **out)
+{
+	char spec[64];
+
+	snprintf(spec, sizeof(spec), "window:max_messages=%" PRIu32, n);
+	return histd_pipeline_parse(spec, "last_n", out);
+}
+
+/* Drops the oldest non-system, non-summary items until the packed view
+ * fits max bytes (estimated from item sizes), then fixes up again. */
+static int
+fit_bytes(histd_view *v, size_t max)
+{
+	size_t total = 0, i = 0;
+
+	for (size_t k = 0; k < v->n; k++) {
+		histd_view_item *it = &v->items[k];
+		size_t l = (it->flags & HISTD_ITEM_CHANGED) ?
+			   histd__v1__message__get_packed_size(it->msg) :
+			   it->len;
+
+		total += l + 1 + histd_wire_varint_size(l);
+	}
+	if (total + 64 <= max)
+		return 0;
+	while (i < v->n && total + 64 > max) {
+		histd_view_item *it = &v->items[i];
+		size_t l;
+
+		if (it->flags & (HISTD_ITEM_SYSTEM | HISTD_ITEM_SUMMARY)) {
+			i++;
+			continue;
+		}
+		if (v->n - i <= 1)
+			break;      /* keep at least the newest message */
+		l = (it->flags & HISTD_ITEM_CHANGED) ?
+		    histd__v1__message__get_packed_size(it->msg) :
+		    it->len;
+		total -= l + 1 + histd_wire_varint_size(l);
+		v->ops->remove(v, i);
+	}
+	return histd_view_fixup(v);
+}
+
+/* One attempt at the view with the newest `load` messages. */
+static int
+context_once(histd_context *x, histd_driver *d, const char *tenant,
+	     const Histd__V1__GetMessagesRequest *r, size_t max_bytes,
+	     uint32_t load, uint8_t **out, size_t *len)
+{
+	histd_read q = { .tenant = tenant, .session_id = r->session_id,
+			 .last_n = load, .want_session = 1 };
+	histd_read_result res = { 0 };
+	histd_record *sumrec = NULL;
+	Histd__V1__Summary *sum = NULL;
+	histd_pipeline *p = NULL, *extra = NULL;
+	histd_view *v = NULL;
+	struct sess *s = NULL;
+	uint64_t lower, first_loaded;
+	int rc, locked = 0, owned = 0;
+
+	if ((rc = histd_driver_read(d, &q, &res)))
+		return rc;
+	if ((rc = session_pipeline(x, res.session, &p, &owned)))
+		goto out;
+	if ((rc = histd_driver_summary_get(d, tenant, r->session_id, &sumrec)))
+		goto out;
+	if (sumrec && !(sum = summary_unpack(sumrec))) {
+		rc = histd_error_set(HISTD_ECORRUPT,
+				     "the stored summary does not decode");
+		goto out;
+	}
+	/* A summary from before a clear or replace covers nothing left. */
+	if (sum && sum->covers_to_seq <= res.cleared_to_seq) {
+		histd__v1__summary__free_unpacked(sum, NULL);
+		histd_record_free(sumrec);
+		sum = NULL;
+		sumrec = NULL;
+	}
+	lower = res.cleared_to_seq;
+	if (sum && sum->covers_to_seq > lower)
+		lower = sum->covers_to_seq;
+	first_loaded = res.records.n ? res.records.v[0].seq : res.last_seq + 1;
+
+	if (!(v = histd_view_new())) {
+		rc = enomem();
+		goto out;
+	}
+	v->now_us = histd_now_us();
+	v->summary = sum;
+
+	/* System messages older than what was loaded, from the index. */
+	if (first_loaded > res.cleared_to_seq + 1) {
+		pthread_mutex_lock(&x->lock);
+		s = sess_get(x, d, tenant, r->session_id);
+		if (s)
+			note_tenant(x, tenant);
+		pthread_mutex_unlock(&x->lock);
+		if (!s) {
+			rc = enomem();
+			goto out;
+		}
+		pthread_mutex_lock(&s->idx_lock);
+		locked = 1;
+		if ((rc = index_update(s, d, tenant, res.session,
+				       first_loaded - 1)))
+			goto out;
+		for (size_t i = 0; i < s->n_sys && !rc; i++) {
+			struct sys_msg *m = &s->sys[i];
+			uint8_t *copy;
+
+			if (m->seq >= first_loaded)
+				break;
+			if (!(copy = histd_view_alloc(v, m->len ? m->len : 1))) {
+				rc = enomem();
+				break;
+			}
+			memcpy(copy, m->data, m->len);
+			rc = histd_view_push_record(v, m->seq, m->tokens, copy,
+						    m->len);
+		}
+		pthread_mutex_unlock(&s->idx_lock);
+		locked = 0;
+		if (rc)
+			goto out;
+	}
+	if (sum) {
+		Histd__V1__Message *m = summary_message(v, sum);
+
+		if (!m) {
+			rc = enomem();
+			goto out;
+		}
+		if ((rc = histd_view_push_message(v, m, HISTD_ITEM_SUMMARY)))
+			goto out;
+	}
+	for (size_t i = 0; i < res.records.n; i++) {
+		const histd_record *rec = &res.records.v[i];
+		size_t before = v->n;
+
+		if ((rc = histd_view_push_record(v, rec->seq,
+				rec->token_estimate, rec->data, rec->len)))
+			goto out;
+		/* Covered by the summary: only system messages stay. */
+		if (rec->seq <= lower &&
+		    !(v->items[before].flags & HISTD_ITEM_SYSTEM))
+			v->n--;
+	}
+	v->complete = res.records.n < load || first_loaded <= lower + 1;
+
+	rc = histd_pipeline_transform(p, v);
+	if (rc == HISTD_PLUGIN_MORE) {
+		/* The caller loads more; *out stays unset. */
+		goto out;
+	}
+	if (rc)
+		goto out;
+	if (r->last_n) {
+		if ((rc = last_n_window(r->last_n, &extra)))
+			goto out;
+		v->complete = 1;
+		if ((rc = histd_pipeline_transform(extra, v)))
+			goto out;
+	}
+	if ((rc = fit_bytes(v, max_bytes)))
+		goto out;
+	rc = view_pack(v, sum ? sumrec : NULL, res.revision, out, len);
+out:
+	if (locked)
+		pthread_mutex_unlock(&s->idx_lock);
+	histd_view_free(v);
+	if (owned)
+		histd_pipeline_free(p);
+	histd_pipeline_free(extra);
+	if (sum)
+		histd__v1__summary__free_unpacked(sum, NULL);
+	histd_record_free(sumrec);
+	histd_read_result_clear(&res);
+	return rc;
+}
+
+static void
+make_fallback(void)
+{
+	histd_context *x = calloc(1, sizeof(*x));
+
+	if (!x)
+		return;
+	pthread_mutex_init(&x->lock, NULL);
+	pthread_cond_init(&x->work, NULL);
+	pthread_cond_init(&x->idle, NULL);
+	pthread_mutex_init(&x->sweep_lock, NULL);
+	pthread_cond_init(&x->sweep_cond, NULL);
+	pthread_mutex_init(&x->pipe_lock, NULL);
+	fallback = x;
+}
+
+static histd_context *
+ctx_or_fallback(histd_context *x)
+{
+	if (x)
+		return x;
+	pthread_once(&fallback_once, make_fallback);
+	return fallback;
+}
+
+int
+histd_context_get_messages(histd_context *x, histd_driver *d,
+			   const char *tenant,
+			   const Histd__V1__GetMessagesRequest *r,
+			   size_t max_response_bytes, uint8_t **out,
+			   size_t *len)
+{
+	uint32_t load = FIRST_LOAD;
+	int rc;
+
+	if (!(x = ctx_or_fallback(x)))
+		return enomem();
+	if (r->last_n > load)
+		load = r->last_n;
+	*out = NULL;
+	for (;;) {
+		rc = context_once(x, d, tenant, r, max_response_bytes, load,
+				  out, len);
+		if (rc != HISTD_PLUGIN_MORE)
+			return rc;
+		/* Each pass loads 8 times as many; the last one everything. */
+		load = load > UINT32_MAX / 8 ? UINT32_MAX : load * 8;
+	}
+}
+
+int
+histd_context_validate(const Histd__V1__SessionConfig *c, const char *field)
+{
+	return histd_pipeline_validate(c, field);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Compaction                                                              */
+
+struct bounds {
+	uint64_t max_tokens;
+	uint32_t max_entries;
+	uint64_t older_than_s;
+};
+
+/* The tokens of the system messages the view keeps, and their count. */
+static int
+system_totals(histd_context *x, histd_driver *d, const char *tenant,
+	      const char *id, const histd_session *sr, uint64_t *tokens,
+	      uint32_t *count)
+{
+	struct sess *s;
+	int rc;
+
+	pthread_mutex_lock(&x->lock);
+	s = sess_get(x, d, tenant, id);
+	pthread_mutex_unlock(&x->lock);
+	if (!s)
+		return enomem();
+	pthread_mutex_lock(&s->idx_lock);
+	rc = index_update(s, d, tenant, sr, sr->last_seq);
+	*tokens = 0;
+	*count = 0;
+	for (size_t i = 0; !rc && i < s->n_sys; i++) {
+		*tokens += s->sys[i].tokens;
+		(*count)++;
+	}
+	pthread_mutex_unlock(&s->idx_lock);
+	return rc;
+}
+
+/*
+ * Compacts one session now. *summary_out (may be NULL) gets the stored
+ * Summary (caller frees with histd__v1__summary__free_unpacked), NULL when
+ * nothing needed compaction; *revision the session's revision after.
+ * *plugin_name names the plugin for error reports.
+ */
+static int
+compact(histd_context *x, histd_driver *d, const char *tenant,
+	const char *id, const struct bounds *bd,
+	Histd__V1__Summary **summary_out, uint64_t *revision,
+	const char **plugin_name)
+{
+	histd_session *sr = NULL, *now = NULL;
+	histd_record *prevrec = NULL, *rec = NULL;
+	Histd__V1__Summary *prev = NULL, out = HISTD__V1__SUMMARY__INIT;
+	Google__Protobuf__Timestamp ts = GOOGLE__PROTOBUF__TIMESTAMP__INIT;
+	histd_pipeline *p = NULL, *fallback_p = NULL;
+	histd_read q = { .tenant = tenant, .session_id = id };
+	histd_read_result res = { 0 };
+	Histd__V1__Message **msgs = NULL;
+	size_t n_msgs = 0, n_all = 0;
+	histd_reduce red = { 0 };
+	const histd_plugin *pl;
+	void *state;
+	uint64_t lower, cur = 0;
+	uint8_t *packed = NULL;
+	size_t plen;
+	int idx, rc, owned = 0;
+
+	*plugin_name = "compaction";
+	if (summary_out)
+		*summary_out = NULL;
+	if ((rc = histd_driver_session_get(d, tenant, id, &sr)))
+		return rc;
+	*revision = sr->revision;
+	if ((rc = session_pipeline(x, sr, &p, &owned)))
+		goto out;
+	idx = histd_pipeline_reducer(p);
+	if (idx < 0) {
+		if ((rc = histd_pipeline_parse("compaction", "compaction",
+					       &fallback_p)))
+			goto out;
+		pl = histd_pipeline_plugin(fallback_p, 0, &state);
+	} else {
+		pl = histd_pipeline_plugin(p, (size_t)idx, &state);
+	}
+	*plugin_name = pl->name;
+	if ((rc = histd_driver_summary_get(d, tenant, id, &prevrec)))
+		goto out;
+	if (prevrec && !(prev = summary_unpack(prevrec))) {
+		rc = histd_error_set(HISTD_ECORRUPT,
+				     "the stored summary does not decode");
+		goto out;
+	}
+	if (prev && prev->covers_to_seq <= sr->cleared_to_seq) {
+		histd__v1__summary__free_unpacked(prev, NULL);
+		prev = NULL;
+	}
+	lower = sr->cleared_to_seq;
+	if (prev && prev->covers_to_seq > lower)
+		lower = prev->covers_to_seq;
+	if ((rc = system_totals(x, d, tenant, id, sr, &red.system_tokens,
+				&red.system_count)))
+		goto out;
+
+	/* Every message after the previous summary, at one instant. */
+	q.after_seq = lower;
+	q.limit = 0;
+	if ((rc = histd_driver_read(d, &q, &res)))
+		goto out;
+	if (res.records.n &&
+	    !(msgs = calloc(res.records.n, sizeof(*msgs)))) {
+		rc = enomem();
+		goto out;
+	}
+	for (size_t i = 0; i < res.records.n; i++) {
+		const histd_record *r = &res.records.v[i];
+		Histd__V1__Message *m = histd__v1__message__unpack(NULL, r->len,
+								  r->data);
+
+		if (!m) {
+			rc = histd_error_set(HISTD_ECORRUPT,
+				"the stored message at seq %" PRIu64
+				" does not decode", r->seq);
+			goto out;
+		}
+		/* msgs[0..n_all) owns every message; system ones are moved
+		 * past the others so that the reducer sees none. */
+		msgs[n_all++] = m;
+	}
+	/* Non-system messages first, in seq order (the reducer sees only
+	 * those: system messages stay verbatim), then the system ones. */
+	{
+		Histd__V1__Message **tmp = calloc(n_all ? n_all : 1,
+						  sizeof(*tmp));
+		size_t k = 0;
+
+		if (!tmp) {
+			rc = enomem();
+			goto out;
+		}
+		memcpy(tmp, msgs, n_all * sizeof(*tmp));
+		for (int pass = 0; pass < 2; pass++)
+			for (size_t i = 0; i < n_all; i++)
+				if ((tmp[i]->role ==
+				     HISTD__V1__ROLE__ROLE_SYSTEM) == pass)
+					msgs[k++] = tmp[i];
+		for (size_t i = 0; i < n_all; i++)
+			if (tmp[i]->role != HISTD__V1__ROLE__ROLE_SYSTEM)
+				n_msgs++;
+		free(tmp);
+	}
+
+	red.messages = msgs;
+	red.n_messages = n_msgs;
+	red.previous = prev;
+	red.max_tokens = bd->max_tokens;
+	red.max_entries = bd->max_entries;
+	red.older_than_s = bd->older_than_s;
+	red.now_us = histd_now_us();
+	if ((rc = pl->reduce(state, &red)))
+		goto out;
+	if (red.n_covered == 0 || red.n_covered > n_msgs)
+		goto out;
+
+	out.covers_from_seq = prev && prev->covers_from_seq ?
+			      prev->covers_from_seq : msgs[0]->seq;
+	out.covers_to_seq = msgs[red.n_covered - 1]->seq;
+	out.text = red.text ? red.text : "";
+	out.model = red.model ? red.model : "";
+	ts_set(&ts, red.now_us);
+	out.created_at = &ts;
+	out.input_tokens = red.input_tokens;
+	out.output_tokens = red.output_tokens;
+	out.token_estimate = HISTD_TOKENS_MESSAGE_OVERHEAD +
+		histd_tokens_text(HISTD_SUMMARY_PREFIX,
+				  strlen(HISTD_SUMMARY_PREFIX)) +
+		histd_tokens_text(out.text, strlen(out.text)) + 1;
+	plen = histd__v1__summary__get_packed_size(&out);
+	if (!(packed = malloc(plen ? plen : 1))) {
+		rc = enomem();
+		goto out;
+	}
+	histd__v1__summary__pack(&out, packed);
+	if (!(rec = histd_record_new(out.covers_to_seq, out.token_estimate,
+				     packed, plen))) {
+		rc = enomem();
+		goto out;
+	}
+	/* Put at the current revision. Appends meanwhile only add seqs
+	 * after the covered range: retry. A clear or replace meanwhile
+	 * removed what the summary covers: drop it. */
+	for (int attempt = 0;; attempt++) {
+		histd_session_free(now);
+		now = NULL;
+		if ((rc = histd_driver_session_get(d, tenant, id, &now)))
+			goto out;
+		if (now->cleared_to_seq != sr->cleared_to_seq) {
+			*revision = now->revision;
+			goto out;    /* nothing stored; no summary */
+		}
+		rc = histd_driver_summary_put(d, tenant, id, now->revision, rec,
+					      revision, &cur);
+		if (rc != HISTD_ECONFLICT || attempt + 1 >= PUT_ATTEMPTS)
+			break;
+	}
+	if (rc)
+		goto out;
+	if (summary_out) {
+		*summary_out = histd__v1__summary__unpack(NULL, plen, packed);
+		if (!*summary_out)
+			rc = enomem();
+	}
+	pthread_mutex_lock(&x->lock);
+	{
+		struct sess *s = sess_get(x, d, tenant, id);
+
+		if (s)
+			s->cov_known = 0;
+	}
+	pthread_mutex_unlock(&x->lock);
+out:
+	free(red.text);
+	free(red.model);
+	free(packed);
+	histd_record_free(rec);
+	for (size_t i = 0; i < n_all; i++)
+		if (msgs[i])
+			histd__v1__message__free_unpacked(msgs[i], NULL);
+	free(msgs);
+	histd_read_result_clear(&res);
+	if (prev)
+		histd__v1__summary__free_unpacked(prev, NULL);
+	histd_record_free(prevrec);
+	if (owned)
+		histd_pipeline_free(p);
+	histd_pipeline_free(fallback_p);
+	histd_session_free(sr);
+	histd_session_free(now);
+	return rc;
+}
+
+/* Reports a failed compaction to the sink: one line, no content. */
+static void
+report(histd_context *x, histd_driver *d, const char *tenant,
+       const char *id, const char *plugin, int rc, int will_retry)
+{
+	histd_session *sr = NULL;
+	histd_plugin_error_fn fn;
+	void *arg;
+	char msg[320];
+
+	snprintf(msg, sizeof(msg), "compaction failed (%s): %s",
+		 histd_error_name(rc), histd_error_message());
+	histd_log(HISTD_LOG_WARN, "compaction failed", "session", id,
+		  "plugin", plugin, "error", msg, NULL);
+	pthread_mutex_lock(&x->lock);
+	fn = x->sink;
+	arg = x->sink_arg;
+	pthread_mutex_unlock(&x->lock);
+	if (!fn)
+		return;
+	/* The event carries the session's current revision. */
+	if (histd_driver_session_get(d, tenant, id, &sr))
+		return;
+	fn(arg, tenant, id, sr->revision, plugin, msg, will_retry);
+	histd_session_free(sr);
+}
+
+/* Marks the session busy, waiting for a running compaction. */
+static struct sess *
+acquire(histd_context *x, histd_driver *d, const char *tenant,
+	const char *id)
+{
+	struct sess *s;
+
+	pthread_mutex_lock(&x->lock);
+	s = sess_get(x, d, tenant, id);
+	if (s) {
+		while (s->busy)
+			pthread_cond_wait(&x->idle, &x->lock);
+		s->busy = 1;
+		x->running++;
+		note_tenant(x, tenant);
+	}
+	pthread_mutex_unlock(&x->lock);
+	return s;
+}
+
+static void
+release_sess(histd_context *x, struct sess *s)
+{
+	pthread_mutex_lock(&x->lock);
+	s->busy = 0;
+	x->running--;
+	pthread_cond_broadcast(&x->idle);
+	pthread_cond_broadcast(&x->work);
+	pthread_mutex_unlock(&x->lock);
+}
+
+int
+histd_context_reduce(histd_context *x, histd_driver *d, const char *tenant,
+		     const Histd__V1__ReduceRequest *r, uint8_t **out,
+		     size_t *len)
+{
+	Histd__V1__ReduceResponse resp = HISTD__V1__REDUCE_RESPONSE__INIT;
+	struct bounds bd = { r->max_tokens, r->max_entries,
+			     r->older_than_seconds };
+	Histd__V1__Summary *sum = NULL;
+	const char *plugin = "compaction";
+	uint64_t revision = 0;
+	struct sess *s;
+	int rc;
+
+	if (!(x = ctx_or_fallback(x)))
+		return enomem();
+	if (!(s = acquire(x, d, tenant, r->session_id)))
+		return enomem();
+	rc = compact(x, d, tenant, r->session_id, &bd, &sum, &revision,
+		     &plugin);
+	release_sess(x, s);
+	if (rc) {
+		if (rc != HISTD_ENOTFOUND && rc != HISTD_EINVALID)
+			report(x, d, tenant, r->session_id, plugin, rc, 0);
+		return rc;
+	}
+	resp.summary = sum;
+	resp.revision = revision;
+	*len = histd__v1__reduce_response__get_packed_size(&resp);
+	*out = malloc(*len ? *len : 1);
+	if (!*out)
+		rc = enomem();
+	else
+		histd__v1__reduce_response__pack(&resp, *out);
+	if (sum)
+		histd__v1__summary__free_unpacked(sum, NULL);
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Automatic compaction                                                    */
+
+static void
+enqueue(histd_context *x, struct sess *s, int64_t due_us)
+{
+	s->queued = 1;
+	s->due_us = due_us;
+	s->qnext = NULL;
+	if (x->qtail)
+		x->qtail->qnext = s;
+	else
+		x->qhead = s;
+	x->qtail = s;
+}
+
+void
+histd_context_after_append(histd_context *x, histd_driver *d,
+			   const char *tenant, const char *session_id)
+{
+	struct sess *s;
+
+	if (!x || !x->n_threads)
+		return;
+	pthread_mutex_lock(&x->lock);
+	s = sess_get(x, d, tenant, session_id);
+	if (s) {
+		s->last_append_us = histd_now_us();
+		if (!s->queued) {
+			enqueue(x, s, s->not_before);
+			pthread_cond_signal(&x->work);
+		}
+		note_tenant(x, tenant);
+	}
+	pthread_mutex_unlock(&x->lock);
+}
+
+/* The tokens of the messages up to `to` (a summary's covers_to_seq),
+ * cached per session. Worker only. */
+static int
+covered_tokens(histd_context *x, struct sess *s, histd_driver *d,
+	       const char *tenant, const histd_session *sr, uint64_t to,
+	       uint64_t *out)
+{
+	histd_read q = { .tenant = tenant, .session_id = s->id };
+	histd_read_result res = { 0 };
+	uint64_t sum = 0;
+	int rc = 0;
+
+	(void)x;
+	if (s->cov_known && s->cov_to == to && s->cov_cleared == sr->cleared_to_seq) {
+		*out = s->cov_tokens;
+		return 0;
+	}
+	q.after_seq = sr->cleared_to_seq;
+	while (q.after_seq < to) {
+		q.limit = 4096;
+		if ((rc = histd_driver_read(d, &q, &res)))
+			return rc;
+		for (size_t i = 0; i < res.records.n; i++) {
+			if (res.records.v[i].seq > to)
+				break;
+			sum += res.records.v[i].token_estimate;
+		}
+		if (res.records.n == 0) {
+			histd_read_result_clear(&res);
+			break;
+		}
+		q.after_seq = res.records.v[res.records.n - 1].seq;
+		histd_read_result_clear(&res);
+	}
+	s->cov_known = 1;
+	s->cov_to = to;
+	s->cov_cleared = sr->cleared_to_seq;
+	s->cov_tokens = sum;
+	*out = sum;
+	return 0;
+}
+
+/* Whether the session's pipeline asks for a compaction now. */
+static int
+wants_reduce(histd_context *x, struct sess *s, int *want)
+{
+	histd_session *sr = NULL;
+	histd_pipeline *p = NULL;
+	histd_record *sumrec = NULL;
+	Histd__V1__Summary *sum = NULL;
+	histd_session_totals t = { 0 };
+	histd_read q = { .tenant = s->tenant, .session_id = s->id };
+	histd_read_result res = { 0 };
+	uint64_t to = 0, cov = 0;
+	int rc, owned = 0;
+
+	*want = 0;
+	if ((rc = histd_driver_session_get(s->d, s->tenant, s->id, &sr)))
+		return rc;
+	if ((rc = session_pipeline(x, sr, &p, &owned)))
+		goto out;
+	if (histd_pipeline_reducer(p) < 0)
+		goto out;       /* no compaction, no auto_reduce_when */
+	if ((rc = histd_driver_summary_get(s->d, s->tenant, s->id, &sumrec)))
+		goto out;
+	if (sumrec && (sum = summary_unpack(sumrec)))
+		to = sum->covers_to_seq;
+	if (to < sr->cleared_to_seq)
+		to = sr->cleared_to_seq;
+	if ((rc = covered_tokens(x, s, s->d, s->tenant, sr, to, &cov)))
+		goto out;
+	t.message_count = sr->message_count;
+	t.token_total = sr->token_total;
+	t.last_seq = sr->last_seq;
+	t.first_seq = sr->first_seq;
+	t.messages_after_summary = sr->last_seq > to ? sr->last_seq - to : 0;
+	if (t.messages_after_summary > sr->message_count)
+		t.messages_after_summary = sr->message_count;
+	t.tokens_after_summary = sr->token_total > cov ?
+				 sr->token_total - cov : 0;
+	t.now_us = histd_now_us();
+	q.after_seq = to;
+	q.limit = 1;
+	if ((rc = histd_driver_read(s->d, &q, &res)))
+		goto out;
+	if (res.records.n) {
+		Histd__V1__Message *m = histd__v1__message__unpack(NULL,
+			res.records.v[0].len, res.records.v[0].data);
+
+		if (m && m->created_at)
+			t.oldest_after_summary_us =
+				m->created_at->seconds * 1000000 +
+				m->created_at->nanos / 1000;
+		if (m)
+			histd__v1__message__free_unpacked(m, NULL);
+	}
+	*want = histd_pipeline_after_append(p, &t);
+out:
+	histd_read_result_clear(&res);
+	if (sum)
+		histd__v1__summary__free_unpacked(sum, NULL);
+	histd_record_free(sumrec);
+	if (owned)
+		histd_pipeline_free(p);
+	histd_session_free(sr);
+	return rc;
+}
+
+static int
+retryable(int rc)
+{
+	return rc == HISTD_EUNAVAILABLE || rc == HISTD_ELIMIT ||
+	       rc == HISTD_ECONFLICT || rc == HISTD_ENOMEM ||
+	       rc == HISTD_EINTERNAL;
+}
+
+/* Takes the first due session that is not busy off the queue; x->lock
+ * held. *wait_us: how long until the next one is due (-1: none). */
+static struct sess *
+next_due(histd_context *x, int64_t now, int64_t *wait_us)
+{
+	struct sess *prev = NULL;
+
+	*wait_us = -1;
+	for (struct sess *s = x->qhead; s; prev = s, s = s->qnext) {
+		if (s->busy)
+			continue;
+		if (s->due_us <= now) {
+			if (prev)
+				prev->qnext = s->qnext;
+			else
+				x->qhead = s->qnext;
+			if (x->qtail == s)
+				x->qtail = prev;
+			s->qnext = NULL;
+			s->queued = 0;
+			return s;
+		}
+		if (*wait_us < 0 || s->due_us - now < *wait_us)
+			*wait_us = s->due_us - now;
+	}
+	if (x->qhead && *wait_us < 0)
+		*wait_us = 100000;   /* only busy ones: look again soon */
+	return NULL;
+}
+
+static void *
+worker_main(void *arg)
+{
+	histd_context *x = arg;
+
+	pthread_mutex_lock(&x->lock);
+	while (!x->stop) {
+		int64_t wait_us, now = histd_now_us();
+		struct sess *s = next_due(x, now, &wait_us);
+		const char *plugin = "compaction";
+		struct bounds bd = { 0 };
+		uint64_t rev = 0;
+		int want = 0, rc, retries;
+
+		if (!s) {
+			if (wait_us < 0) {
+				pthread_cond_wait(&x->work, &x->lock);
+			} else {
+				struct timespec ts;
+				int64_t until;
+
+				clock_gettime(CLOCK_REALTIME, &ts);
+				until = (int64_t)ts.tv_sec * 1000000 +
+					ts.tv_nsec / 1000 + wait_us;
+				ts.tv_sec = until / 1000000;
+				ts.tv_nsec = (long)(until % 1000000) * 1000;
+				pthread_cond_timedwait(&x->work, &x->lock, &ts);
+			}
+			continue;
+		}
+		s->busy = 1;
+		x->running++;
+		retries = s->retries;
+		pthread_mutex_unlock(&x->lock);
+
+		rc = wants_reduce(x, s, &want);
+		if (!rc && want)
+			rc = compact(x, s->d, s->tenant, s->id, &bd, NULL, &rev,
+				     &plugin);
+
+		pthread_mutex_lock(&x->lock);
+		s->busy = 0;
+		x->running--;
+		if (rc == HISTD_ENOTFOUND) {
+			s->retries = 0;     /* the session is gone */
+			s->not_before = 0;
+		} else if (rc) {
+			int again = retryable(rc) &&
+				    retries < x->cfg.max_retries && !x->stop;
+			int64_t back = x->cfg.retry_base_us;
+			char tenant[256], id[256];
+
+			snprintf(tenant, sizeof(tenant), "%s", s->tenant);
+			snprintf(id, sizeof(id), "%s", s->id);
+			for (int i = 0; i < retries && back < BACKOFF_MAX_US; i++)
+				back *= 2;
+			if (back > BACKOFF_MAX_US || !again)
+				back = BACKOFF_MAX_US;
+			/* Even without a retry, the next append waits out
+			 * the backoff before trying again. */
+			s->retries = retries + 1;
+			s->not_before = histd_now_us() + back;
+			if (s->queued) {
+				if (s->due_us < s->not_before)
+					s->due_us = s->not_before;
+			} else if (again) {
+				enqueue(x, s, s->not_before);
+			}
+			pthread_mutex_unlock(&x->lock);
+			report(x, s->d, tenant, id, plugin, rc, again);
+			pthread_mutex_lock(&x->lock);
+		} else {
+			s->retries = 0;
+			s->not_before = 0;
+		}
+		pthread_cond_broadcast(&x->idle);
+	}
+	pthread_mutex_unlock(&x->lock);
+	return NULL;
+}
+
+int
+histd_context_wait_idle(histd_context *x, int timeout_ms)
+{
+	int64_t end = histd_mono_us() + (int64_t)timeout_ms * 1000;
+
+	if (!x)
+		return 0;
+	for (;;) {
+		int busy = 0;
+
+		pthread_mutex_lock(&x->lock);
+		busy = x->running > 0 || x->qhead != NULL;
+		pthread_mutex_unlock(&x->lock);
+		if (!busy)
+			return 0;
+		if (histd_mono_us() > end)
+			return -1;
+		{
+			struct timespec ts = { 0, 5 * 1000 * 1000 };
+
+			nanosleep(&ts, NULL);
+		}
+	}
+}
+
+/* ---------------------------------------------------------------------- */
+/* TTL                                                                     */
+
+/* The newest activity of a session: updated_at, its newest message's
+ * created_at, an append this process saw. */
+static int64_t
+last_activity(histd_context *x, const histd_session *sr)
+{
+	histd_read q = { .tenant = sr->tenant, .session_id = sr->id,
+			 .last_n = 1 };
+	histd_read_result res = { 0 };
+	int64_t t = sr->updated_at_us;
+	struct sess *s;
+
+	if (sr->created_at_us > t)
+		t = sr->created_at_us;
+	if (!histd_driver_read(x->d, &q, &res) && res.records.n) {
+		Histd__V1__Message *m = histd__v1__message__unpack(NULL,
+			res.records.v[0].len, res.records.v[0].data);
+
+		if (m && m->created_at) {
+			int64_t c = m->created_at->seconds * 1000000 +
+				    m->created_at->nanos / 1000;
+
+			if (c > t)
+				t = c;
+		}
+		if (m)
+			histd__v1__message__free_unpacked(m, NULL);
+	}
+	histd_read_result_clear(&res);
+	pthread_mutex_lock(&x->lock);
+	for (s = x->table[key_hash(sr->tenant, sr->id) % BUCKETS]; s;
+	     s = s->next)
+		if (!strcmp(s->tenant, sr->tenant) && !strcmp(s->id, sr->id)) {
+			if (s->last_append_us > t)
+				t = s->last_append_us;
+			if (s->busy || s->queued)
+				t = INT64_MAX;   /* in use: not idle */
+			break;
+		}
+	pthread_mutex_unlock(&x->lock);
+	return t;
+}
+
+int
+histd_context_sweep(histd_context *x)
+{
+	char *tenants[TENANTS_MAX];
+	size_t n_t = 0;
+	int deleted = 0;
+	int64_t cutoff;
+
+	if (!x || x->cfg.session_ttl_us <= 0)
+		return 0;
+	cutoff = histd_now_us() - x->cfg.session_ttl_us;
+	pthread_mutex_lock(&x->lock);
+	for (size_t i = 0; i < x->n_tenants; i++)
+		if ((tenants[n_t] = strdup(x->tenants[i])))
+			n_t++;
+	pthread_mutex_unlock(&x->lock);
+	for (size_t t = 0; t < n_t; t++) {
+		char after[256] = "";
+		histd_list q = { .tenant = tenants[t], .limit = SWEEP_PAGE };
+
+		for (;;) {
+			histd_session_list l = { 0 };
+
+			q.after_id = after;
+			if (histd_driver_session_list(x->d, &q, &l))
+				break;
+			for (size_t i = 0; i < l.n; i++) {
+				const histd_session *sr = l.v[i];
+				uint64_t cur;
+
+				if (last_activity(x, sr) >= cutoff)
+					continue;
+				if (!histd_driver_session_delete(x->d,
+						sr->tenant, sr->id,
+						sr->revision, &cur)) {
+					deleted++;
+					histd_log(HISTD_LOG_INFO,
+						  "session expired", "session",
+						  sr->id, NULL);
+				}
+			}
+			if (l.n)
+				snprintf(after, sizeof(after), "%s",
+					 l.v[l.n - 1]->id);
+			{
+				int more = l.has_more && l.n;
+
+				histd_session_list_free(&l);
+				if (!more)
+					break;
+			}
+		}
+		free(tenants[t]);
+	}
+	return deleted;
+}
+
+static void *
+sweeper_main(void *arg)
+{
+	histd_context *x = arg;
+
+	pthread_mutex_lock(&x->sweep_lock);
+	while (!x->stop) {
+		struct timespec ts;
+		int64_t until;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		until = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 +
+			x->cfg.sweep_interval_us;
+		ts.tv_sec = until / 1000000;
+		ts.tv_nsec = (long)(until % 1000000) * 1000;
+		pthread_cond_timedwait(&x->sweep_cond, &x->sweep_lock, &ts);
+		if (x->stop)
+			break;
+		pthread_mutex_unlock(&x->sweep_lock);
+		histd_context_sweep(x);
+		pthread_mutex_lock(&x->sweep_lock);
+	}
+	pthread_mutex_unlock(&x->sweep_lock);
+	return NULL;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Lifecycle                                                               */
+
+int
+histd_context_new(histd_context **out, histd_driver *d,
+		  const histd_context_config *cfg)
+{
+	histd_context *x;
+	int rc;
+
+	*out = NULL;
+	if (!d)
+		return histd_error_set(HISTD_EINVALID,
+				       "the context needs a driver");
+	if (cfg && cfg->plugin_paths && *cfg->plugin_paths &&
+	    (rc = histd_plugin_load_list(cfg->plugin_paths)))
+		return rc;
+	if (!(x = calloc(1, sizeof(*x))))
+		return enomem();
+	x->d = d;
+	if (cfg)
+		x->cfg = *cfg;
+	x->cfg.default_pipeline = NULL;
+	x->cfg.plugin_paths = NULL;
+	if (x->cfg.workers <= 0)
+		x->cfg.workers = 1;
+	if (x->cfg.max_retries < 0)
+		x->cfg.max_retries = 0;
+	if (x->cfg.retry_base_us <= 0)
+		x->cfg.retry_base_us = 1000000;
+	if (x->cfg.sweep_interval_us <= 0)
+		x->cfg.sweep_interval_us = INT64_C(60) * 1000000;
+	pthread_mutex_init(&x->lock, NULL);
+	pthread_cond_init(&x->work, NULL);
+	pthread_cond_init(&x->idle, NULL);
+	pthread_mutex_init(&x->sweep_lock, NULL);
+	pthread_cond_init(&x->sweep_cond, NULL);
+	pthread_mutex_init(&x->pipe_lock, NULL);
+	note_tenant(x, "default");
+	if (cfg && (rc = histd_pipeline_parse(cfg->default_pipeline,
+					      "default-pipeline", &x->def))) {
+		histd_context_free(x);
+		return rc;
+	}
+	x->threads = calloc((size_t)x->cfg.workers, sizeof(pthread_t));
+	if (!x->threads) {
+		histd_context_free(x);
+		return enomem();
+	}
+	for (int i = 0; i < x->cfg.workers; i++) {
+		if (pthread_create(&x->threads[i], NULL, worker_main, x)) {
+			histd_context_free(x);
+			return histd_error_set(HISTD_EINTERNAL,
+				"cannot start a compaction thread");
+		}
+		x->n_threads++;
+	}
+	if (x->cfg.session_ttl_us > 0) {
+		if (pthread_create(&x->sweeper, NULL, sweeper_main, x)) {
+			histd_context_free(x);
+			return histd_error_set(HISTD_EINTERNAL,
+				"cannot start the session TTL sweeper");
+		}
+		x->have_sweeper = 1;
+	}
+	*out = x;
+	return 0;
+}
+
+void
+histd_context_set_error_sink(histd_context *x, histd_plugin_error_fn fn,
+			     void *arg)
+{
+	pthread_mutex_lock(&x->lock);
+	x->sink = fn;
+	x->sink_arg = arg;
+	pthread_mutex_unlock(&x->lock);
+}
+
+void
+histd_context_free(histd_context *x)
+{
+	if (!x)
+		return;
+	pthread_mutex_lock(&x->lock);
+	x->stop = 1;
+	pthread_cond_broadcast(&x->work);
+	pthread_mutex_unlock(&x->lock);
+	pthread_mutex_lock(&x->sweep_lock);
+	pthread_cond_broadcast(&x->sweep_cond);
+	pthread_mutex_unlock(&x->sweep_lock);
+	for (int i = 0; i < x->n_threads; i++)
+		pthread_join(x->threads[i], NULL);
+	if (x->have_sweeper)
+		pthread_join(x->sweeper, NULL);
+	/* A Reduce call still running holds a session: wait for it. */
+	pthread_mutex_lock(&x->lock);
+	while (x->running > 0)
+		pthread_cond_wait(&x->idle, &x->lock);
+	pthread_mutex_unlock(&x->lock);
+	for (size_t b = 0; b < BUCKETS; b++)
+		while (x->table[b]) {
+			struct sess *s = x->table[b];
+
+			x->table[b] = s->next;
+			sess_free(s);
+		}
+	for (size_t i = 0; i < x->n_tenants; i++)
+		free(x->tenants[i]);
+	free(x->threads);
+	while (x->pipes) {
+		struct pipe_entry *e = x->pipes;
+
+		x->pipes = e->next;
+		histd_pipeline_free(e->p);
+		free(e);
+	}
+	pthread_mutex_destroy(&x->pipe_lock);
+	histd_pipeline_free(x->def);
+	pthread_mutex_destroy(&x->lock);
+	pthread_cond_destroy(&x->work);
+	pthread_cond_destroy(&x->idle);
+	pthread_mutex_destroy(&x->sweep_lock);
+	pthread_cond_destroy(&x->sweep_cond);
+	free(x);
+}

@@ -1,0 +1,780 @@
+/*
+ * The CONTEXT view, Reduce, automatic compaction and the TTL
+ * (server/context.c) through the service, on the memory driver, with
+ * summarizers that are slow or fail on demand.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "compaction.h"
+#include "context.h"
+#include "driver.h"
+#include "histd/v1/histd.pb-c.h"
+#include "histd_wire.h"
+#include "plugin.h"
+#include "service.h"
+
+static histd_driver *drv;
+static histd_service *svc;
+static histd_context *ctx;
+static const histd_caller alice = { "alice", 0 };
+
+/* ---------------------------------------------------------------------- */
+/* Summarizers on demand: "slow" sleeps slow_ms, "failing" fails          */
+/* fail_left more times (then works); both then summarize extractively.   */
+
+static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
+static int slow_ms;
+static int fail_left;
+static int calls, running, max_running;
+
+static int
+fake_summarize(histd_summarizer *s, const histd_summary_request *req,
+	       histd_summary_result *out)
+{
+	histd_summarizer *ex;
+	int fail, rc;
+
+	pthread_mutex_lock(&fake_lock);
+	calls++;
+	if (++running > max_running)
+		max_running = running;
+	fail = !strcmp(s->name, "failing") && fail_left > 0;
+	if (fail && fail_left > 0)
+		fail_left--;
+	pthread_mutex_unlock(&fake_lock);
+	if (!strcmp(s->name, "slow")) {
+		struct timespec ts = { slow_ms / 1000,
+				       (long)(slow_ms % 1000) * 1000000 };
+
+		nanosleep(&ts, NULL);
+	}
+	if (fail) {
+		rc = histd_error_set(HISTD_EUNAVAILABLE,
+				     "provider answered HTTP 503");
+	} else {
+		histd_extractive_new(&ex);
+		rc = ex->summarize(ex, req, out);
+		ex->free(ex);
+	}
+	pthread_mutex_lock(&fake_lock);
+	running--;
+	pthread_mutex_unlock(&fake_lock);
+	return rc;
+}
+
+static void
+fake_free(histd_summarizer *s)
+{
+	free(s);
+}
+
+static int
+fake_exists(void *arg, const char *name)
+{
+	(void)arg;
+	return !strcmp(name, "slow") || !strcmp(name, "failing");
+}
+
+static int
+fake_open(void *arg, const char *name, histd_summarizer **out)
+{
+	histd_summarizer *s = calloc(1, sizeof(*s));
+
+	(void)arg;
+	s->version = HISTD_SUMMARIZER_VERSION;
+	s->name = !strcmp(name, "slow") ? "slow" : "failing";
+	s->summarize = fake_summarize;
+	s->free = fake_free;
+	*out = s;
+	return 0;
+}
+
+/* The error sink: what subscribers would receive. */
+static int sink_calls, sink_retry_calls;
+static char sink_msg[512];
+
+static void
+sink(void *arg, const char *tenant, const char *sid, uint64_t revision,
+     const char *plugin, const char *message, int will_retry)
+{
+	(void)arg;
+	(void)tenant;
+	(void)sid;
+	(void)revision;
+	pthread_mutex_lock(&fake_lock);
+	sink_calls++;
+	if (will_retry)
+		sink_retry_calls++;
+	snprintf(sink_msg, sizeof(sink_msg), "%s: %s", plugin, message);
+	pthread_mutex_unlock(&fake_lock);
+}
+
+static int
+start(const char *default_pipeline, int64_t ttl_us)
+{
+	static const histd_summarizer_source src = { fake_exists, fake_open,
+						     NULL };
+	histd_driver_config dc = { 0 };
+	histd_context_config cc = { 0 };
+	histd_service_config sc;
+
+	histd_compaction_set_source(&src);
+	if (histd_driver_open("memory", &dc, &drv))
+		return -1;
+	cc.default_pipeline = default_pipeline;
+	cc.workers = 1;
+	cc.max_retries = 3;
+	cc.retry_base_us = 50000;
+	cc.session_ttl_us = ttl_us;
+	cc.sweep_interval_us = INT64_C(3600) * 1000000;
+	if (histd_context_new(&ctx, drv, &cc))
+		return -1;
+	histd_context_set_error_sink(ctx, sink, NULL);
+	histd_service_config_default(&sc);
+	sc.context = ctx;
+	if (histd_service_new(&svc, drv, &sc))
+		return -1;
+	pthread_mutex_lock(&fake_lock);
+	slow_ms = 0;
+	fail_left = 0;
+	calls = running = max_running = 0;
+	sink_calls = sink_retry_calls = 0;
+	sink_msg[0] = '\0';
+	pthread_mutex_unlock(&fake_lock);
+	return 0;
+}
+
+static int
+setup(void **state)
+{
+	(void)state;
+	return start("", 0);
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	histd_service_free(svc);
+	histd_context_free(ctx);
+	histd_driver_close(drv);
+	histd_compaction_set_source(NULL);
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Calls                                                                   */
+
+/* Runs a method; returns the code; *resp (if given) the unpacked answer. */
+static int
+call(enum histd_method m, const ProtobufCMessage *req,
+     const ProtobufCMessageDescriptor *rd, void **resp)
+{
+	size_t n = protobuf_c_message_get_packed_size(req);
+	uint8_t *buf = malloc(n ? n : 1);
+	histd_reply reply = { 0 };
+	int rc;
+
+	protobuf_c_message_pack(req, buf);
+	rc = histd_service_unary(svc, m, &alice, buf, n, &reply);
+	free(buf);
+	if (resp)
+		*resp = NULL;
+	if (!rc && resp) {
+		*resp = protobuf_c_message_unpack(rd, NULL, reply.len,
+						  reply.data);
+		assert_non_null(*resp);
+	}
+	free(reply.data);
+	return rc;
+}
+
+/* Creates session `id` with the pipeline given as a spec-like list of
+ * (name, key, value) triples, NULL-terminated; pipeline "-" for none
+ * set (the default applies); "" for an empty pipeline. */
+static int
+create(const char *id, const char *const *plugins)
+{
+	Histd__V1__CreateSessionRequest r = HISTD__V1__CREATE_SESSION_REQUEST__INIT;
+	Histd__V1__SessionConfig c = HISTD__V1__SESSION_CONFIG__INIT;
+	Histd__V1__Pipeline pl = HISTD__V1__PIPELINE__INIT;
+	Histd__V1__PluginConfig pc[8], *pcs[8];
+	Histd__V1__PluginConfig__OptionsEntry e[16], *ep[8][4];
+	size_t n = 0, ne = 0;
+	int rc;
+
+	r.session_id = (char *)id;
+	if (plugins) {
+		for (size_t i = 0; plugins[i]; i += 3) {
+			if (i == 0 || strcmp(plugins[i], plugins[i - 3])) {
+				histd__v1__plugin_config__init(&pc[n]);
+				pc[n].name = (char *)plugins[i];
+				pc[n].options = ep[n];
+				pcs[n] = &pc[n];
+				n++;
+			}
+			if (plugins[i + 1]) {
+				Histd__V1__PluginConfig *p = &pc[n - 1];
+
+				histd__v1__plugin_config__options_entry__init(&e[ne]);
+				e[ne].key = (char *)plugins[i + 1];
+				e[ne].value = (char *)plugins[i + 2];
+				p->options[p->n_options++] = &e[ne++];
+			}
+		}
+		pl.plugins = pcs;
+		pl.n_plugins = n;
+		c.pipeline = &pl;
+		r.config = &c;
+	}
+	rc = call(HISTD_M_CREATE_SESSION, &r.base, NULL, NULL);
+	return rc;
+}
+
+/* Appends one message (role, text, or a tool call/result). */
+static void
+append_msg(const char *id, Histd__V1__Role role, const char *text,
+	   const char *call_id, const char *result)
+{
+	Histd__V1__AppendRequest r = HISTD__V1__APPEND_REQUEST__INIT;
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT, *mp = &m;
+	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT, *bp = &b;
+	Histd__V1__ContentBlock ib = HISTD__V1__CONTENT_BLOCK__INIT, *ibp = &ib;
+	Histd__V1__TextBlock t = HISTD__V1__TEXT_BLOCK__INIT;
+	Histd__V1__ToolCallBlock tc = HISTD__V1__TOOL_CALL_BLOCK__INIT;
+	Histd__V1__ToolResultBlock tr = HISTD__V1__TOOL_RESULT_BLOCK__INIT;
+	int rc;
+
+	t.text = (char *)(text ? text : "x");
+	if (call_id) {
+		tc.id = (char *)call_id;
+		tc.name = "read_file";
+		tc.arguments = "{}";
+		b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL;
+		b.tool_call = &tc;
+	} else if (result) {
+		ib.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+		ib.text = &t;
+		tr.tool_call_id = (char *)result;
+		tr.tool_name = "read_file";
+		tr.content = &ibp;
+		tr.n_content = 1;
+		b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT;
+		b.tool_result = &tr;
+	} else {
+		b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+		b.text = &t;
+	}
+	m.role = role;
+	m.content = &bp;
+	m.n_content = 1;
+	r.session_id = (char *)id;
+	r.messages = &mp;
+	r.n_messages = 1;
+	rc = call(HISTD_M_APPEND, &r.base, NULL, NULL);
+	if (rc)
+		fail_msg("append: %s", histd_error_message());
+}
+
+/* An agent turn: user asks, assistant calls, tool answers, assistant
+ * says. 4 messages. */
+static void
+turn(const char *id, int i)
+{
+	char q[64], c[32], a[64];
+
+	snprintf(q, sizeof(q), "Question number %d.", i);
+	snprintf(c, sizeof(c), "call-%d", i);
+	snprintf(a, sizeof(a), "Answer number %d.", i);
+	append_msg(id, HISTD__V1__ROLE__ROLE_USER, q, NULL, NULL);
+	append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, NULL, c, NULL);
+	append_msg(id, HISTD__V1__ROLE__ROLE_TOOL,
+		   "file contents that are long enough to be worth masking",
+		   NULL, c);
+	append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, a, NULL, NULL);
+}
+
+static Histd__V1__GetMessagesResponse *
+get(const char *id, Histd__V1__View view, uint32_t limit)
+{
+	Histd__V1__GetMessagesRequest r = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
+	void *resp;
+	int rc;
+
+	r.session_id = (char *)id;
+	r.view = view;
+	r.limit = limit;
+	rc = call(HISTD_M_GET_MESSAGES, &r.base,
+		  &histd__v1__get_messages_response__descriptor, &resp);
+	if (rc)
+		fail_msg("get: %s", histd_error_message());
+	return resp;
+}
+
+static int
+reduce(const char *id, Histd__V1__ReduceResponse **out)
+{
+	Histd__V1__ReduceRequest r = HISTD__V1__REDUCE_REQUEST__INIT;
+
+	r.session_id = (char *)id;
+	return call(HISTD_M_REDUCE, &r.base,
+		    &histd__v1__reduce_response__descriptor, (void **)out);
+}
+
+static const char *
+text_of(const Histd__V1__Message *m)
+{
+	if (m->n_content && m->content[0]->block_case ==
+	    HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT)
+		return m->content[0]->text->text;
+	return "";
+}
+
+/* The view's shape: system messages only first, the summary (if any)
+ * right after them as a user message, no unpaired tool block. */
+static void
+assert_provider_valid(const Histd__V1__GetMessagesResponse *g)
+{
+	size_t i = 0;
+
+	while (i < g->n_messages &&
+	       g->messages[i]->role == HISTD__V1__ROLE__ROLE_SYSTEM)
+		i++;
+	if (g->summary) {
+		assert_true(i < g->n_messages);
+		assert_int_equal(g->messages[i]->role,
+				 HISTD__V1__ROLE__ROLE_USER);
+		assert_memory_equal(text_of(g->messages[i]),
+				    HISTD_SUMMARY_PREFIX,
+				    strlen(HISTD_SUMMARY_PREFIX));
+		i++;
+	}
+	for (size_t k = i; k < g->n_messages; k++) {
+		const Histd__V1__Message *m = g->messages[k];
+
+		assert_int_not_equal(m->role, HISTD__V1__ROLE__ROLE_SYSTEM);
+		for (size_t j = 0; j < m->n_content; j++) {
+			const Histd__V1__ContentBlock *b = m->content[j];
+			int found = 0;
+
+			if (b->block_case ==
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT) {
+				for (size_t q = i; q < k && !found; q++)
+					for (size_t z = 0;
+					     z < g->messages[q]->n_content; z++) {
+						const Histd__V1__ContentBlock *c =
+							g->messages[q]->content[z];
+
+						if (c->block_case ==
+						    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL &&
+						    !strcmp(c->tool_call->id,
+							    b->tool_result->tool_call_id))
+							found = 1;
+					}
+				assert_true(found);
+			}
+			if (b->block_case ==
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL) {
+				for (size_t q = k + 1; q < g->n_messages &&
+				     !found; q++)
+					for (size_t z = 0;
+					     z < g->messages[q]->n_content; z++) {
+						const Histd__V1__ContentBlock *c =
+							g->messages[q]->content[z];
+
+						if (c->block_case ==
+						    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT &&
+						    !strcmp(c->tool_result->tool_call_id,
+							    b->tool_call->id))
+							found = 1;
+					}
+				assert_true(found);
+			}
+		}
+	}
+}
+
+static void
+free_msg(void *m)
+{
+	if (m)
+		protobuf_c_message_free_unpacked(m, NULL);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Tests                                                                   */
+
+static void
+context_is_system_then_summary_as_user_then_the_tail(void **state)
+{
+	static const char *const pl[] = {
+		"compaction", "keep_recent", "6",
+		"masking", "keep_recent_results", "1",
+		"window", "max_messages", "100", NULL };
+	Histd__V1__ReduceResponse *rr;
+	Histd__V1__GetMessagesResponse *g, *raw;
+	uint64_t to;
+
+	(void)state;
+	assert_int_equal(create("s1", pl), 0);
+	append_msg("s1", HISTD__V1__ROLE__ROLE_SYSTEM, "You are terse.", NULL,
+		   NULL);
+	for (int i = 0; i < 5; i++)
+		turn("s1", i);
+	/* A second system message mid-history (some agents add them). */
+	append_msg("s1", HISTD__V1__ROLE__ROLE_SYSTEM, "Be brief now.", NULL,
+		   NULL);
+	turn("s1", 5);
+	assert_int_equal(reduce("s1", &rr), 0);
+	assert_non_null(rr->summary);
+	to = rr->summary->covers_to_seq;
+	assert_true(to > 1);
+	assert_string_equal(rr->summary->model, "extractive");
+	free_msg(rr);
+
+	g = get("s1", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_provider_valid(g);
+	assert_non_null(g->summary);
+	assert_int_equal(g->summary->covers_to_seq, to);
+	/* Both system messages, in order, then the summary. */
+	assert_string_equal(text_of(g->messages[0]), "You are terse.");
+	assert_string_equal(text_of(g->messages[1]), "Be brief now.");
+	assert_non_null(strstr(text_of(g->messages[2]), "Question number 0."));
+	/* Every message after the covered range follows, seq order. */
+	for (size_t i = 3; i < g->n_messages; i++)
+		assert_true(g->messages[i]->seq > to);
+	assert_int_equal(g->messages[g->n_messages - 1]->seq, 26);
+	/* RAW still has every message. */
+	raw = get("s1", HISTD__V1__VIEW__VIEW_RAW, 1000);
+	assert_int_equal(raw->n_messages, 26);
+	free_msg(raw);
+	free_msg(g);
+}
+
+static void
+masked_results_are_markers_and_get_tool_result_has_the_original(void **state)
+{
+	static const char *const pl[] = {
+		"masking", "keep_recent_results", "1", NULL };
+	Histd__V1__GetToolResultRequest r =
+		HISTD__V1__GET_TOOL_RESULT_REQUEST__INIT;
+	Histd__V1__GetToolResultResponse *tr;
+	Histd__V1__GetMessagesResponse *g;
+	int masked = 0;
+
+	(void)state;
+	assert_int_equal(create("s2", pl), 0);
+	for (int i = 0; i < 3; i++)
+		turn("s2", i);
+	g = get("s2", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_int_equal(g->n_messages, 12);
+	for (size_t i = 0; i < g->n_messages; i++) {
+		const Histd__V1__ContentBlock *b = g->messages[i]->content[0];
+
+		if (b->block_case != HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
+			continue;
+		if (strstr(b->tool_result->content[0]->text->text,
+			   "[tool result masked: "))
+			masked++;
+	}
+	assert_int_equal(masked, 2);
+	free_msg(g);
+	r.session_id = "s2";
+	r.tool_call_id = "call-0";
+	assert_int_equal(call(HISTD_M_GET_TOOL_RESULT, &r.base,
+		&histd__v1__get_tool_result_response__descriptor,
+		(void **)&tr), 0);
+	assert_string_equal(tr->result->content[0]->text->text,
+		"file contents that are long enough to be worth masking");
+	free_msg(tr);
+}
+
+static void
+the_default_pipeline_applies_when_the_config_has_none(void **state)
+{
+	static const char *const empty[] = { NULL };
+	Histd__V1__GetMessagesResponse *g;
+
+	(void)state;
+	teardown(NULL);
+	assert_int_equal(start("window:max_messages=4", 0), 0);
+	assert_int_equal(create("d", NULL), 0);
+	assert_int_equal(create("e", empty), 0);
+	for (int i = 0; i < 3; i++) {
+		turn("d", i);
+		turn("e", i);
+	}
+	g = get("d", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_int_equal(g->n_messages, 4);
+	free_msg(g);
+	/* Set and empty: no pipeline. */
+	g = get("e", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_int_equal(g->n_messages, 12);
+	free_msg(g);
+}
+
+static void
+a_bad_pipeline_is_invalid_argument_at_create_and_update(void **state)
+{
+	static const char *const bad[] = {
+		"masking", "include_tools", "a", "masking", "exclude_tools", "b",
+		NULL };
+	static const char *const unknown[] = { "tokenizer", NULL, NULL, NULL };
+	Histd__V1__UpdateSessionRequest u = HISTD__V1__UPDATE_SESSION_REQUEST__INIT;
+	Histd__V1__SessionConfig c = HISTD__V1__SESSION_CONFIG__INIT;
+	Histd__V1__Pipeline pl = HISTD__V1__PIPELINE__INIT;
+	Histd__V1__PluginConfig pc = HISTD__V1__PLUGIN_CONFIG__INIT, *pcs = &pc;
+	Google__Protobuf__FieldMask mask = GOOGLE__PROTOBUF__FIELD_MASK__INIT;
+	char *path = "config";
+
+	(void)state;
+	assert_int_equal(create("b1", bad), HISTD_EINVALID);
+	assert_int_equal(create("b2", unknown), HISTD_EINVALID);
+	assert_string_equal(histd_error_message(),
+		"config.pipeline.plugins[0].name: unknown plugin");
+	assert_int_equal(create("b3", NULL), 0);
+	pc.name = "window";
+	pl.plugins = &pcs;
+	pl.n_plugins = 1;
+	c.pipeline = &pl;
+	u.session_id = "b3";
+	u.config = &c;
+	mask.paths = &path;
+	mask.n_paths = 1;
+	u.update_mask = &mask;
+	assert_int_equal(call(HISTD_M_UPDATE_SESSION, &u.base, NULL, NULL),
+			 HISTD_EINVALID);
+	assert_string_equal(histd_error_message(),
+		"config.pipeline.plugins[0].options: max_messages or "
+		"max_tokens is required");
+}
+
+static void
+a_failed_reduce_leaves_history_unchanged_and_is_reported(void **state)
+{
+	static const char *const pl[] = {
+		"compaction", "summarizer", "failing",
+		"compaction", "keep_recent", "2", NULL };
+	Histd__V1__GetSessionRequest gs = HISTD__V1__GET_SESSION_REQUEST__INIT;
+	Histd__V1__Session *before, *after;
+	Histd__V1__ReduceResponse *rr;
+
+	(void)state;
+	assert_int_equal(create("f1", pl), 0);
+	for (int i = 0; i < 3; i++)
+		turn("f1", i);
+	gs.session_id = "f1";
+	assert_int_equal(call(HISTD_M_GET_SESSION, &gs.base,
+		&histd__v1__session__descriptor, (void **)&before), 0);
+	fail_left = 100;
+	assert_int_equal(reduce("f1", &rr), HISTD_EUNAVAILABLE);
+	assert_int_equal(call(HISTD_M_GET_SESSION, &gs.base,
+		&histd__v1__session__descriptor, (void **)&after), 0);
+	assert_int_equal(after->revision, before->revision);
+	assert_int_equal(after->stats->summary_count, 0);
+	assert_int_equal(sink_calls, 1);
+	assert_int_equal(sink_retry_calls, 0);
+	assert_non_null(strstr(sink_msg, "compaction: compaction failed "
+			       "(UNAVAILABLE)"));
+	/* No conversation text in the report. */
+	assert_null(strstr(sink_msg, "Question"));
+	free_msg(before);
+	free_msg(after);
+	/* It works once the provider is back. */
+	fail_left = 0;
+	assert_int_equal(reduce("f1", &rr), 0);
+	assert_non_null(rr->summary);
+	free_msg(rr);
+}
+
+static void
+auto_reduce_compacts_off_the_request_path_and_retries_with_backoff(void **state)
+{
+	static const char *const pl[] = {
+		"compaction", "summarizer", "failing",
+		"compaction", "keep_recent", "2",
+		"compaction", "auto_reduce_when", "messages>=12", NULL };
+	Histd__V1__GetMessagesResponse *g;
+
+	(void)state;
+	assert_int_equal(create("a1", pl), 0);
+	fail_left = 2;
+	for (int i = 0; i < 2; i++)
+		turn("a1", i);
+	/* 8 messages: below the threshold, nothing runs. */
+	assert_int_equal(histd_context_wait_idle(ctx, 5000), 0);
+	assert_int_equal(calls, 0);
+	turn("a1", 2);
+	/* 12: the worker compacts; two failures, retried after 50 and
+	 * 100 ms, then it works. */
+	assert_int_equal(histd_context_wait_idle(ctx, 10000), 0);
+	assert_int_equal(calls, 3);
+	assert_int_equal(sink_calls, 2);
+	assert_int_equal(sink_retry_calls, 2);
+	g = get("a1", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_non_null(g->summary);
+	assert_provider_valid(g);
+	/* keep_recent 2 and a safe start: the last turn's answer pair. */
+	assert_true(g->summary->covers_to_seq >= 8);
+	free_msg(g);
+}
+
+struct racer {
+	const char *id;
+	int rc;
+	uint64_t covers_to;
+};
+
+static void *
+reduce_thread(void *arg)
+{
+	struct racer *r = arg;
+	Histd__V1__ReduceResponse *rr = NULL;
+
+	r->rc = reduce(r->id, &rr);
+	if (!r->rc && rr && rr->summary)
+		r->covers_to = rr->summary->covers_to_seq;
+	free_msg(rr);
+	return NULL;
+}
+
+static void
+appends_racing_a_compaction_lose_nothing(void **state)
+{
+	static const char *const pl[] = {
+		"compaction", "summarizer", "slow",
+		"compaction", "keep_recent", "4", NULL };
+	struct racer r = { "r1", -1, 0 }, r2 = { "r1", -1, 0 };
+	Histd__V1__GetMessagesResponse *g, *raw;
+	pthread_t t, t2;
+	uint64_t expect;
+
+	(void)state;
+	assert_int_equal(create("r1", pl), 0);
+	append_msg("r1", HISTD__V1__ROLE__ROLE_SYSTEM, "sys", NULL, NULL);
+	for (int i = 0; i < 10; i++)
+		turn("r1", i);
+	slow_ms = 300;
+	pthread_create(&t, NULL, reduce_thread, &r);
+	pthread_create(&t2, NULL, reduce_thread, &r2);
+	/* 10 more turns while the summarizer sleeps. */
+	for (int i = 10; i < 20; i++)
+		turn("r1", i);
+	pthread_join(t, NULL);
+	pthread_join(t2, NULL);
+	assert_int_equal(r.rc, 0);
+	assert_int_equal(r2.rc, 0);
+	/* One compaction at a time per session. */
+	assert_int_equal(max_running, 1);
+
+	raw = get("r1", HISTD__V1__VIEW__VIEW_RAW, 1000);
+	assert_int_equal(raw->n_messages, 81);
+	g = get("r1", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_provider_valid(g);
+	assert_non_null(g->summary);
+	/* system + summary + every message after the covered range. */
+	expect = 81 - g->summary->covers_to_seq;
+	assert_int_equal(g->n_messages, 2 + expect);
+	assert_int_equal(g->messages[g->n_messages - 1]->seq, 81);
+	free_msg(raw);
+	free_msg(g);
+}
+
+static void
+ttl_deletes_idle_sessions_only(void **state)
+{
+	struct timespec ts = { 0, 300 * 1000000 };
+	Histd__V1__GetSessionRequest gs = HISTD__V1__GET_SESSION_REQUEST__INIT;
+
+	(void)state;
+	teardown(NULL);
+	assert_int_equal(start("", 200000), 0);
+	assert_int_equal(create("old", NULL), 0);
+	assert_int_equal(create("new", NULL), 0);
+	turn("old", 0);
+	nanosleep(&ts, NULL);
+	turn("new", 0);
+	assert_int_equal(histd_context_sweep(ctx), 1);
+	gs.session_id = "old";
+	assert_int_equal(call(HISTD_M_GET_SESSION, &gs.base, NULL, NULL),
+			 HISTD_ENOTFOUND);
+	gs.session_id = "new";
+	assert_int_equal(call(HISTD_M_GET_SESSION, &gs.base, NULL, NULL), 0);
+}
+
+static void
+context_of_a_long_session_reads_only_its_tail(void **state)
+{
+	static const char *const pl[] = {
+		"masking", "keep_recent_results", "2",
+		"window", "max_messages", "20", NULL };
+	Histd__V1__GetMessagesResponse *g;
+
+	(void)state;
+	assert_int_equal(create("long", pl), 0);
+	append_msg("long", HISTD__V1__ROLE__ROLE_SYSTEM, "sys", NULL, NULL);
+	for (int i = 0; i < 500; i++)
+		turn("long", i);
+	for (int k = 0; k < 3; k++) {
+		static const uint64_t last[] = { 2001, 2006, 2010 };
+
+		g = get("long", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+		assert_string_equal(text_of(g->messages[0]), "sys");
+		if (k > 0)
+			assert_string_equal(text_of(g->messages[1]), "sys2");
+		assert_true(g->n_messages <= 22);
+		assert_int_equal(g->messages[g->n_messages - 1]->seq, last[k]);
+		assert_provider_valid(g);
+		free_msg(g);
+		/* A new system message late in the session joins the view. */
+		if (k == 0)
+			append_msg("long", HISTD__V1__ROLE__ROLE_SYSTEM, "sys2",
+				   NULL, NULL);
+		turn("long", 1000 + k);
+	}
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(
+			context_is_system_then_summary_as_user_then_the_tail,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			masked_results_are_markers_and_get_tool_result_has_the_original,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			the_default_pipeline_applies_when_the_config_has_none,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_bad_pipeline_is_invalid_argument_at_create_and_update,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_failed_reduce_leaves_history_unchanged_and_is_reported,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			auto_reduce_compacts_off_the_request_path_and_retries_with_backoff,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			appends_racing_a_compaction_lose_nothing, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(ttl_deletes_idle_sessions_only,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			context_of_a_long_session_reads_only_its_tail, setup,
+			teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,834 @@
+/*
+ * The context pipeline's plugins (plugins/) against hand-built
+ * transcripts, including the failures users hit in other libraries:
+ * trimming that orphans a tool result, masking that lets excluded tools
+ * use the recent slots, and a loaded shared-object plugin.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "compaction.h"
+#include "histd/v1/histd.pb-c.h"
+#include "plugin.h"
+#include "tokens.h"
+
+/* ---------------------------------------------------------------------- */
+/* Building transcripts                                                    */
+
+#define MAXM 64
+
+/* One transcript: packed messages (seq in front) kept alive for views. */
+struct tx {
+	uint8_t *data[MAXM];
+	size_t len[MAXM];
+	uint32_t tokens[MAXM];
+	size_t n;
+};
+
+static void
+tx_free(struct tx *t)
+{
+	for (size_t i = 0; i < t->n; i++)
+		free(t->data[i]);
+	t->n = 0;
+}
+
+/* Adds a message: role and blocks given as kind strings:
+ *   "t:<text>"  text
+ *   "c:<id>:<name>"  tool call
+ *   "r:<id>:<name>:<text>"  tool result
+ *   "z:<text>"  reasoning */
+static void
+tx_add(struct tx *t, Histd__V1__Role role, ...)
+{
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT;
+	Histd__V1__ContentBlock *blocks[8], cb[8];
+	Histd__V1__TextBlock tb[8], inner_tb[8];
+	Histd__V1__ContentBlock inner[8], *innerp[8];
+	Histd__V1__ToolCallBlock tc[8];
+	Histd__V1__ToolResultBlock tr[8];
+	Histd__V1__ReasoningBlock rb[8];
+	char buf[8][256];
+	const char *spec;
+	size_t n = 0;
+	va_list ap;
+
+	va_start(ap, role);
+	while ((spec = va_arg(ap, const char *))) {
+		char *f1, *f2, *f3;
+
+		histd__v1__content_block__init(&cb[n]);
+		snprintf(buf[n], sizeof(buf[n]), "%s", spec + 2);
+		f1 = buf[n];
+		switch (spec[0]) {
+		case 't':
+			histd__v1__text_block__init(&tb[n]);
+			tb[n].text = f1;
+			cb[n].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+			cb[n].text = &tb[n];
+			break;
+		case 'z':
+			histd__v1__reasoning_block__init(&rb[n]);
+			rb[n].text = f1;
+			cb[n].block_case =
+				HISTD__V1__CONTENT_BLOCK__BLOCK_REASONING;
+			cb[n].reasoning = &rb[n];
+			break;
+		case 'c':
+			f2 = strchr(f1, ':');
+			*f2++ = '\0';
+			histd__v1__tool_call_block__init(&tc[n]);
+			tc[n].id = f1;
+			tc[n].name = f2;
+			tc[n].arguments = "{}";
+			cb[n].block_case =
+				HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL;
+			cb[n].tool_call = &tc[n];
+			break;
+		case 'r':
+			f2 = strchr(f1, ':');
+			*f2++ = '\0';
+			f3 = strchr(f2, ':');
+			*f3++ = '\0';
+			histd__v1__tool_result_block__init(&tr[n]);
+			tr[n].tool_call_id = f1;
+			tr[n].tool_name = f2;
+			histd__v1__text_block__init(&inner_tb[n]);
+			inner_tb[n].text = f3;
+			histd__v1__content_block__init(&inner[n]);
+			inner[n].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+			inner[n].text = &inner_tb[n];
+			innerp[n] = &inner[n];
+			tr[n].content = &innerp[n];
+			tr[n].n_content = 1;
+			cb[n].block_case =
+				HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT;
+			cb[n].tool_result = &tr[n];
+			break;
+		default:
+			fail();
+		}
+		blocks[n] = &cb[n];
+		n++;
+	}
+	va_end(ap);
+	m.role = role;
+	m.content = blocks;
+	m.n_content = n;
+	m.seq = t->n + 1;
+	m.token_estimate = histd_tokens_message(&m);
+	t->tokens[t->n] = m.token_estimate;
+	t->len[t->n] = histd__v1__message__get_packed_size(&m);
+	t->data[t->n] = malloc(t->len[t->n]);
+	histd__v1__message__pack(&m, t->data[t->n]);
+	t->n++;
+}
+
+#define SYS HISTD__V1__ROLE__ROLE_SYSTEM
+#define USER HISTD__V1__ROLE__ROLE_USER
+#define ASST HISTD__V1__ROLE__ROLE_ASSISTANT
+#define TOOL HISTD__V1__ROLE__ROLE_TOOL
+
+static histd_view *
+tx_view(const struct tx *t)
+{
+	histd_view *v = histd_view_new();
+
+	assert_non_null(v);
+	for (size_t i = 0; i < t->n; i++)
+		assert_int_equal(histd_view_push_record(v, i + 1, t->tokens[i],
+				 t->data[i], t->len[i]), 0);
+	v->complete = 1;
+	return v;
+}
+
+static histd_pipeline *
+parse(const char *spec)
+{
+	histd_pipeline *p = NULL;
+	int rc = histd_pipeline_parse(spec, "test", &p);
+
+	if (rc)
+		fprintf(stderr, "parse: %s\n", histd_error_message());
+	assert_int_equal(rc, 0);
+	return p;
+}
+
+/* Every tool_result has its call in the view, and every call its
+ * results; system messages come first; returns the items' seqs joined. */
+static void
+assert_valid(histd_view *v)
+{
+	int seen_other = 0;
+
+	for (size_t i = 0; i < v->n; i++) {
+		Histd__V1__Message *m = histd_view_message(v, i);
+
+		assert_non_null(m);
+		if (m->role == SYS)
+			assert_false(seen_other);
+		else
+			seen_other = 1;
+		for (size_t j = 0; j < m->n_content; j++) {
+			const Histd__V1__ContentBlock *b = m->content[j];
+			const char *want = NULL;
+			int found = 0;
+
+			if (b->block_case ==
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
+				want = b->tool_result->tool_call_id;
+			else if (b->block_case ==
+				 HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL)
+				want = b->tool_call->id;
+			if (!want)
+				continue;
+			for (size_t k = 0; k < v->n && !found; k++) {
+				Histd__V1__Message *o = histd_view_message(v, k);
+
+				for (size_t q = 0; q < o->n_content; q++) {
+					const Histd__V1__ContentBlock *c =
+						o->content[q];
+
+					if (b->block_case ==
+					    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT &&
+					    c->block_case ==
+					    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL &&
+					    !strcmp(c->tool_call->id, want) && k < i)
+						found = 1;
+					if (b->block_case ==
+					    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL &&
+					    c->block_case ==
+					    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT &&
+					    !strcmp(c->tool_result->tool_call_id,
+						    want) && k > i)
+						found = 1;
+				}
+			}
+			if (!found)
+				fprintf(stderr, "unpaired %s at item %zu\n",
+					want, i);
+			assert_true(found);
+		}
+	}
+}
+
+static void
+seqs(histd_view *v, char *out, size_t cap)
+{
+	size_t o = 0;
+
+	out[0] = '\0';
+	for (size_t i = 0; i < v->n && o + 8 < cap; i++)
+		o += (size_t)snprintf(out + o, cap - o, "%s%llu", i ? "," : "",
+				      (unsigned long long)v->items[i].seq);
+}
+
+/* The agent loop most transcripts look like. */
+static void
+agent_loop(struct tx *t)
+{
+	tx_add(t, SYS, "t:You are a coding agent.", NULL);           /* 1 */
+	tx_add(t, USER, "t:Fix the failing test.", NULL);            /* 2 */
+	tx_add(t, ASST, "z:look first", "c:c1:read_file", NULL);     /* 3 */
+	tx_add(t, TOOL, "r:c1:read_file:contents of a.c", NULL);     /* 4 */
+	tx_add(t, ASST, "c:c2:grep", "c:c3:read_file", NULL);        /* 5 */
+	tx_add(t, TOOL, "r:c2:grep:a.c:12", NULL);                   /* 6 */
+	tx_add(t, TOOL, "r:c3:read_file:contents of b.c", NULL);     /* 7 */
+	tx_add(t, ASST, "t:The bug is in b.c.", NULL);               /* 8 */
+	tx_add(t, USER, "t:Go ahead.", NULL);                        /* 9 */
+	tx_add(t, ASST, "c:c4:write_file", NULL);                    /* 10 */
+	tx_add(t, TOOL, "r:c4:write_file:ok", NULL);                 /* 11 */
+}
+
+/* ---------------------------------------------------------------------- */
+/* window                                                                  */
+
+static void
+window_never_orphans_a_tool_result(void **state)
+{
+	struct tx t = { 0 };
+	char got[256];
+	histd_pipeline *p;
+	histd_view *v;
+
+	(void)state;
+	agent_loop(&t);
+	/* The last 5 would start at seq 7, the result of c3, whose call is
+	 * at 5: the window starts later, at a safe start (seq 8). */
+	p = parse("window:max_messages=5");
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	seqs(v, got, sizeof(got));
+	assert_string_equal(got, "1,8,9,10,11");
+	assert_valid(v);
+	histd_view_free(v);
+	histd_pipeline_free(p);
+
+	/* Every size keeps the view valid. */
+	for (int n = 1; n <= 12; n++) {
+		char spec[64];
+
+		snprintf(spec, sizeof(spec), "window:max_messages=%d", n);
+		p = parse(spec);
+		v = tx_view(&t);
+		assert_int_equal(histd_pipeline_transform(p, v), 0);
+		assert_true(v->n - 1 <= (size_t)n);
+		assert_int_equal(v->items[0].seq, 1);
+		assert_valid(v);
+		histd_view_free(v);
+		histd_pipeline_free(p);
+	}
+	tx_free(&t);
+}
+
+static void
+window_keeps_a_call_with_all_its_parallel_results(void **state)
+{
+	struct tx t = { 0 };
+	char got[256];
+	histd_pipeline *p;
+	histd_view *v;
+
+	(void)state;
+	agent_loop(&t);
+	/* 6 from the end starts at seq 6: the first of two results of the
+	 * call at 5. Starting there would orphan both; starting at 5 would
+	 * exceed 6; so the window starts at 8. */
+	p = parse("window:max_messages=6");
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	seqs(v, got, sizeof(got));
+	assert_string_equal(got, "1,8,9,10,11");
+	histd_view_free(v);
+	histd_pipeline_free(p);
+
+	p = parse("window:max_messages=7");
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	seqs(v, got, sizeof(got));
+	assert_string_equal(got, "1,5,6,7,8,9,10,11");
+	assert_valid(v);
+	histd_view_free(v);
+	histd_pipeline_free(p);
+	tx_free(&t);
+}
+
+static void
+window_by_tokens_fits_the_budget_with_system_counted(void **state)
+{
+	struct tx t = { 0 };
+	histd_pipeline *p;
+	histd_view *v;
+	uint64_t budget, sum = 0;
+
+	(void)state;
+	agent_loop(&t);
+	/* System + the last 3 messages' tokens: exactly what fits. */
+	budget = t.tokens[0] + t.tokens[8] + t.tokens[9] + t.tokens[10];
+	{
+		char spec[64];
+
+		snprintf(spec, sizeof(spec), "window:max_tokens=%llu",
+			 (unsigned long long)budget);
+		p = parse(spec);
+	}
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	for (size_t i = 0; i < v->n; i++)
+		sum += v->items[i].tokens;
+	assert_true(sum <= budget);
+	assert_int_equal(v->n, 4);
+	assert_int_equal(v->items[0].seq, 1);
+	assert_int_equal(v->items[1].seq, 9);
+	assert_valid(v);
+	histd_view_free(v);
+	histd_pipeline_free(p);
+	tx_free(&t);
+}
+
+static void
+window_does_not_cut_reasoning_from_its_turn(void **state)
+{
+	struct tx t = { 0 };
+	char got[256];
+	histd_pipeline *p;
+	histd_view *v;
+
+	(void)state;
+	tx_add(&t, USER, "t:Why?", NULL);                         /* 1 */
+	tx_add(&t, ASST, "z:thinking about it", NULL);            /* 2 */
+	tx_add(&t, ASST, "t:Because.", NULL);                     /* 3 */
+	/* The last 1 would be the answer without its reasoning item. */
+	p = parse("window:max_messages=2");
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	seqs(v, got, sizeof(got));
+	assert_string_equal(got, "2,3");
+	histd_view_free(v);
+	histd_pipeline_free(p);
+	p = parse("window:max_messages=1");
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	assert_int_equal(v->n, 0);
+	histd_view_free(v);
+	histd_pipeline_free(p);
+	tx_free(&t);
+}
+
+static void
+window_asks_for_more_when_the_view_is_incomplete(void **state)
+{
+	struct tx t = { 0 };
+	histd_pipeline *p;
+	histd_view *v;
+
+	(void)state;
+	agent_loop(&t);
+	p = parse("window:max_messages=50");
+	v = tx_view(&t);
+	v->complete = 0;
+	assert_int_equal(histd_pipeline_transform(p, v), HISTD_PLUGIN_MORE);
+	histd_view_free(v);
+	histd_pipeline_free(p);
+	tx_free(&t);
+}
+
+/* ---------------------------------------------------------------------- */
+/* masking                                                                 */
+
+static int
+masked(histd_view *v, uint64_t seq, const char *call_id)
+{
+	for (size_t i = 0; i < v->n; i++) {
+		Histd__V1__Message *m;
+
+		if (v->items[i].seq != seq)
+			continue;
+		m = histd_view_message(v, i);
+		for (size_t j = 0; j < m->n_content; j++) {
+			const Histd__V1__ToolResultBlock *r;
+
+			if (m->content[j]->block_case !=
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
+				continue;
+			r = m->content[j]->tool_result;
+			if (strcmp(r->tool_call_id, call_id))
+				continue;
+			return strstr(r->content[0]->text->text,
+				      "[tool result masked: tool_call_id=") &&
+			       strstr(r->content[0]->text->text, call_id);
+		}
+	}
+	fail_msg("no result %s at seq %llu", call_id, (unsigned long long)seq);
+	return 0;
+}
+
+static void
+masking_excluded_tools_take_no_recent_slot(void **state)
+{
+	struct tx t = { 0 };
+	histd_pipeline *p;
+	histd_view *v;
+
+	(void)state;
+	agent_loop(&t);
+	/* Results, newest first: c4 write_file, c3 read_file, c2 grep,
+	 * c1 read_file. With grep excluded and one recent slot, c4 takes the
+	 * slot; the excluded grep result must not push anything out. */
+	p = parse("masking:keep_recent_results=2,exclude_tools=grep");
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	assert_false(masked(v, 11, "c4"));
+	assert_false(masked(v, 7, "c3"));
+	assert_false(masked(v, 6, "c2"));   /* excluded: never masked */
+	assert_true(masked(v, 4, "c1"));
+	assert_valid(v);
+	histd_view_free(v);
+	histd_pipeline_free(p);
+
+	/* include_tools: only read_file results are candidates. */
+	p = parse("masking:keep_recent_results=1,include_tools=read_file");
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	assert_false(masked(v, 11, "c4"));
+	assert_false(masked(v, 7, "c3"));
+	assert_false(masked(v, 6, "c2"));
+	assert_true(masked(v, 4, "c1"));
+	histd_view_free(v);
+	histd_pipeline_free(p);
+	tx_free(&t);
+}
+
+static void
+masking_small_results_take_no_slot_and_stay(void **state)
+{
+	struct tx t = { 0 };
+	histd_pipeline *p;
+	histd_view *v;
+
+	(void)state;
+	agent_loop(&t);
+	/* "ok" (c4) and "a.c:12" (c2) are below 3 tokens. */
+	p = parse("masking:keep_recent_results=1,min_tokens_to_mask=3");
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	assert_false(masked(v, 11, "c4"));
+	assert_false(masked(v, 7, "c3"));
+	assert_false(masked(v, 6, "c2"));
+	assert_true(masked(v, 4, "c1"));
+	/* The masked message is re-estimated, and smaller. */
+	for (size_t i = 0; i < v->n; i++)
+		if (v->items[i].seq == 4) {
+			assert_true(v->items[i].flags & HISTD_ITEM_CHANGED);
+			assert_int_equal(v->items[i].tokens,
+				histd_tokens_message(v->items[i].msg));
+		}
+	histd_view_free(v);
+	histd_pipeline_free(p);
+	tx_free(&t);
+}
+
+static void
+masking_never_changes_the_stored_bytes(void **state)
+{
+	struct tx t = { 0 };
+	uint8_t *copy[MAXM];
+	histd_pipeline *p;
+	histd_view *v;
+
+	(void)state;
+	agent_loop(&t);
+	for (size_t i = 0; i < t.n; i++) {
+		copy[i] = malloc(t.len[i]);
+		memcpy(copy[i], t.data[i], t.len[i]);
+	}
+	p = parse("masking:keep_recent_results=0;window:max_messages=3");
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	for (size_t i = 0; i < t.n; i++) {
+		assert_memory_equal(copy[i], t.data[i], t.len[i]);
+		free(copy[i]);
+	}
+	histd_view_free(v);
+	histd_pipeline_free(p);
+	tx_free(&t);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Validation                                                              */
+
+static int
+validate(const char *name, const char *k1, const char *v1, const char *k2,
+	 const char *v2)
+{
+	Histd__V1__SessionConfig c = HISTD__V1__SESSION_CONFIG__INIT;
+	Histd__V1__Pipeline pl = HISTD__V1__PIPELINE__INIT;
+	Histd__V1__PluginConfig pc = HISTD__V1__PLUGIN_CONFIG__INIT;
+	Histd__V1__PluginConfig *pcs[1] = { &pc };
+	Histd__V1__PluginConfig__OptionsEntry e[2], *ep[2];
+	size_t n = 0;
+
+	if (k1) {
+		histd__v1__plugin_config__options_entry__init(&e[n]);
+		e[n].key = (char *)k1;
+		e[n].value = (char *)v1;
+		ep[n] = &e[n];
+		n++;
+	}
+	if (k2) {
+		histd__v1__plugin_config__options_entry__init(&e[n]);
+		e[n].key = (char *)k2;
+		e[n].value = (char *)v2;
+		ep[n] = &e[n];
+		n++;
+	}
+	pc.name = (char *)name;
+	pc.options = ep;
+	pc.n_options = n;
+	pl.plugins = pcs;
+	pl.n_plugins = 1;
+	c.pipeline = &pl;
+	return histd_pipeline_validate(&c, "config");
+}
+
+static void
+unknown_plugins_and_bad_options_are_invalid_argument(void **state)
+{
+	(void)state;
+	assert_int_equal(validate("no_such_plugin", NULL, NULL, NULL, NULL),
+			 HISTD_EINVALID);
+	assert_string_equal(histd_error_message(),
+		"config.pipeline.plugins[0].name: unknown plugin");
+	assert_int_equal(validate("masking", "include_tools", "a",
+				  "exclude_tools", "b"), HISTD_EINVALID);
+	assert_non_null(strstr(histd_error_message(),
+			       "config.pipeline.plugins[0].options"));
+	assert_int_equal(validate("window", "max_tokens", "lots", NULL, NULL),
+			 HISTD_EINVALID);
+	assert_string_equal(histd_error_message(),
+		"config.pipeline.plugins[0].options.max_tokens must be a "
+		"whole number from 0 to 4294967295");
+	assert_int_equal(validate("window", "colour", "red", NULL, NULL),
+			 HISTD_EINVALID);
+	assert_int_equal(validate("window", NULL, NULL, NULL, NULL),
+			 HISTD_EINVALID);
+	assert_int_equal(validate("compaction", "summarizer", "nobody", NULL,
+				  NULL), HISTD_EINVALID);
+	assert_int_equal(validate("compaction", "auto_reduce_when",
+				  "tokens>=abc", NULL, NULL), HISTD_EINVALID);
+	assert_int_equal(validate("", NULL, NULL, NULL, NULL), HISTD_EINVALID);
+	assert_string_equal(histd_error_message(),
+			    "config.pipeline.plugins[0].name is required");
+
+	assert_int_equal(validate("window", "max_messages", "20", NULL, NULL),
+			 0);
+	assert_int_equal(validate("masking", "keep_recent_results", "2",
+				  "exclude_tools", "grep|ls"), 0);
+	assert_int_equal(validate("compaction", "auto_reduce_when",
+				  "tokens>=1000|messages>=50", "summarizer",
+				  "extractive"), 0);
+}
+
+/* ---------------------------------------------------------------------- */
+/* compaction and the extractive summarizer                                */
+
+static void
+unpack_all(const struct tx *t, Histd__V1__Message **m)
+{
+	for (size_t i = 0; i < t->n; i++) {
+		m[i] = histd__v1__message__unpack(NULL, t->len[i], t->data[i]);
+		assert_non_null(m[i]);
+	}
+}
+
+static void
+compaction_covers_up_to_a_safe_start_and_keeps_the_tail(void **state)
+{
+	struct tx t = { 0 };
+	Histd__V1__Message *m[MAXM];
+	histd_pipeline *p = parse("compaction:keep_recent=5");
+	const histd_plugin *pl;
+	histd_reduce r = { 0 };
+	void *st;
+
+	(void)state;
+	agent_loop(&t);
+	unpack_all(&t, m);
+	pl = histd_pipeline_plugin(p, 0, &st);
+	/* Without the system message (the host leaves it out). */
+	r.messages = m + 1;
+	r.n_messages = t.n - 1;
+	assert_int_equal(pl->reduce(st, &r), 0);
+	/* 10 messages, keep 5: a cut at 5 would start the tail at seq 7, a
+	 * result whose call is at 5; the cut moves back to seq 5. */
+	assert_int_equal(r.n_covered, 3);
+	assert_non_null(r.text);
+	assert_string_equal(r.model, "extractive");
+	assert_non_null(strstr(r.text, "user: Fix the failing test."));
+	assert_non_null(strstr(r.text, "assistant called read_file"));
+	assert_null(strstr(r.text, "look first"));   /* reasoning left out */
+	free(r.text);
+	free(r.model);
+	for (size_t i = 0; i < t.n; i++)
+		histd__v1__message__free_unpacked(m[i], NULL);
+	histd_pipeline_free(p);
+	tx_free(&t);
+}
+
+static void
+extractive_summary_is_deterministic_and_rolls(void **state)
+{
+	struct tx t = { 0 };
+	Histd__V1__Message *m[MAXM];
+	histd_summarizer *s;
+	histd_summary_request req = { 0 };
+	histd_summary_result a = { 0 }, b = { 0 };
+
+	(void)state;
+	agent_loop(&t);
+	unpack_all(&t, m);
+	assert_int_equal(histd_extractive_new(&s), 0);
+	req.messages = m;
+	req.n_messages = 4;
+	req.previous = "Earlier: the user asked for a fix.";
+	assert_int_equal(s->summarize(s, &req, &a), 0);
+	assert_int_equal(s->summarize(s, &req, &b), 0);
+	assert_string_equal(a.text, b.text);
+	/* The previous summary comes first, merged with the new lines. */
+	assert_memory_equal(a.text, "Earlier: the user asked for a fix.", 34);
+	assert_non_null(strstr(a.text, "read_file returned: contents of a.c"));
+	free(a.text);
+	free(a.model);
+	free(b.text);
+	free(b.model);
+	/* A budget: the newest lines stay, the count of dropped ones is
+	 * said. */
+	req.previous = NULL;
+	req.n_messages = t.n;
+	req.max_output_tokens = 12;
+	assert_int_equal(s->summarize(s, &req, &a), 0);
+	assert_non_null(strstr(a.text, "earlier lines omitted"));
+	assert_non_null(strstr(a.text, "write_file returned: ok"));
+	free(a.text);
+	free(a.model);
+	s->free(s);
+	for (size_t i = 0; i < t.n; i++)
+		histd__v1__message__free_unpacked(m[i], NULL);
+	tx_free(&t);
+}
+
+static void
+auto_reduce_when_fires_on_any_condition(void **state)
+{
+	histd_pipeline *p = parse(
+		"compaction:auto_reduce_when=tokens>=100|messages>=10");
+	histd_session_totals tt = { 0 };
+
+	(void)state;
+	tt.tokens_after_summary = 99;
+	tt.messages_after_summary = 9;
+	assert_int_equal(histd_pipeline_after_append(p, &tt), 0);
+	tt.messages_after_summary = 10;
+	assert_int_equal(histd_pipeline_after_append(p, &tt), 1);
+	tt.messages_after_summary = 0;
+	tt.tokens_after_summary = 100;
+	assert_int_equal(histd_pipeline_after_append(p, &tt), 1);
+	histd_pipeline_free(p);
+	p = parse("compaction");
+	assert_int_equal(histd_pipeline_after_append(p, &tt), 0);
+	histd_pipeline_free(p);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Pipelines and loaded plugins                                            */
+
+static void
+pipeline_specs_parse_and_refuse_unknown_names(void **state)
+{
+	histd_pipeline *p = NULL;
+
+	(void)state;
+	p = parse("compaction:keep_recent=4 ; masking:keep_recent_results=1,"
+		  "exclude_tools=grep|ls;window:max_tokens=1000");
+	assert_int_equal(histd_pipeline_len(p), 3);
+	assert_string_equal(histd_pipeline_plugin(p, 2, NULL)->name, "window");
+	assert_int_equal(histd_pipeline_reducer(p), 0);
+	histd_pipeline_free(p);
+	p = parse("");
+	assert_int_equal(histd_pipeline_len(p), 0);
+	histd_pipeline_free(p);
+	assert_int_equal(histd_pipeline_parse("window:max_messages", "x", &p),
+			 HISTD_EINVALID);
+	assert_int_equal(histd_pipeline_parse("nope", "x", &p), HISTD_EINVALID);
+}
+
+static void
+registry_refuses_a_plugin_without_hooks_or_with_a_bad_version(void **state)
+{
+	static const histd_plugin none = {
+		.version = HISTD_PLUGIN_VERSION, .name = "no_hooks" };
+	static const histd_plugin future = {
+		.version = HISTD_PLUGIN_VERSION + 1, .name = "future" };
+
+	(void)state;
+	assert_int_equal(histd_plugin_register(&none), HISTD_EINVALID);
+	assert_int_equal(histd_plugin_register(&future), HISTD_EINVALID);
+	assert_int_equal(histd_plugin_register(&histd_plugin_window),
+			 HISTD_EEXISTS);
+}
+
+static void
+a_shared_object_plugin_loads_and_runs_like_a_built_in_one(void **state)
+{
+	const char *path = getenv("HISTD_EXAMPLE_PLUGIN");
+	static char exe[4096];
+	struct tx t = { 0 };
+	histd_pipeline *p;
+	histd_view *v;
+	char got[64];
+
+	(void)state;
+	if (!path) {
+		/* build/tests/unit/<test> -> build/plugins/examples/ */
+		ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 64);
+
+		assert_true(n > 0);
+		exe[n] = '\0';
+		*strrchr(exe, '/') = '\0';
+		strcat(exe, "/../../plugins/examples/histd_plugin_hide_author.so");
+		path = exe;
+	}
+	assert_int_equal(histd_plugin_load("/nonexistent/x.so"),
+			 HISTD_EINVALID);
+	if (histd_plugin_load(path))
+		fail_msg("load %s: %s", path, histd_error_message());
+	assert_non_null(histd_plugin_find("hide_author"));
+	/* The same object again: the name is taken. */
+	assert_int_equal(histd_plugin_load(path), HISTD_EEXISTS);
+
+	tx_add(&t, USER, "t:one", NULL);
+	tx_add(&t, USER, "t:two", NULL);
+	tx_add(&t, USER, "t:three", NULL);
+	{
+		/* Message 2 written by "debug". */
+		Histd__V1__Message *m = histd__v1__message__unpack(NULL,
+			t.len[1], t.data[1]);
+
+		m->author = "debug";
+		free(t.data[1]);
+		t.len[1] = histd__v1__message__get_packed_size(m);
+		t.data[1] = malloc(t.len[1]);
+		histd__v1__message__pack(m, t.data[1]);
+		m->author = NULL;
+		histd__v1__message__free_unpacked(m, NULL);
+	}
+	p = parse("hide_author:authors=tracer|debug;window:max_messages=5");
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	seqs(v, got, sizeof(got));
+	assert_string_equal(got, "1,3");
+	histd_view_free(v);
+	histd_pipeline_free(p);
+	assert_int_equal(histd_pipeline_parse("hide_author", "x", &p),
+			 HISTD_EINVALID);
+	tx_free(&t);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(window_never_orphans_a_tool_result),
+		cmocka_unit_test(
+			window_keeps_a_call_with_all_its_parallel_results),
+		cmocka_unit_test(
+			window_by_tokens_fits_the_budget_with_system_counted),
+		cmocka_unit_test(window_does_not_cut_reasoning_from_its_turn),
+		cmocka_unit_test(
+			window_asks_for_more_when_the_view_is_incomplete),
+		cmocka_unit_test(masking_excluded_tools_take_no_recent_slot),
+		cmocka_unit_test(masking_small_results_take_no_slot_and_stay),
+		cmocka_unit_test(masking_never_changes_the_stored_bytes),
+		cmocka_unit_test(
+			unknown_plugins_and_bad_options_are_invalid_argument),
+		cmocka_unit_test(
+			compaction_covers_up_to_a_safe_start_and_keeps_the_tail),
+		cmocka_unit_test(extractive_summary_is_deterministic_and_rolls),
+		cmocka_unit_test(auto_reduce_when_fires_on_any_condition),
+		cmocka_unit_test(pipeline_specs_parse_and_refuse_unknown_names),
+		cmocka_unit_test(
+			registry_refuses_a_plugin_without_hooks_or_with_a_bad_version),
+		cmocka_unit_test(
+			a_shared_object_plugin_loads_and_runs_like_a_built_in_one),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
