@@ -983,24 +983,45 @@ check_message(const Histd__V1__Message *m, size_t i)
 }
 
 /* The messages of an Append or Replace, validated and packed, as the
- * driver takes them. Everything points into the request or into bufs. */
+ * driver takes them. Everything points into the request or into memory of
+ * the call's allocator (its arena: nothing to free one by one). */
 typedef struct batch {
 	size_t n;
 	histd_msg_in *in;
 	uint8_t **bufs;
 	uint32_t *tokens;
 	histd_tool_ref *refs;
+	ProtobufCAllocator *alloc;
 } batch;
+
+static void *
+batch_alloc(batch *b, size_t size)
+{
+	void *p = b->alloc->alloc(b->alloc->allocator_data, size ? size : 1);
+
+	if (p)
+		memset(p, 0, size);
+	return p;
+}
 
 static void
 batch_free(batch *b)
 {
+	ProtobufCAllocator *a = b->alloc;
+
+	if (!a)
+		return;
 	for (size_t i = 0; b->bufs && i < b->n; i++)
-		free(b->bufs[i]);
-	free(b->bufs);
-	free(b->in);
-	free(b->tokens);
-	free(b->refs);
+		if (b->bufs[i])
+			a->free(a->allocator_data, b->bufs[i]);
+	if (b->bufs)
+		a->free(a->allocator_data, b->bufs);
+	if (b->in)
+		a->free(a->allocator_data, b->in);
+	if (b->tokens)
+		a->free(a->allocator_data, b->tokens);
+	if (b->refs)
+		a->free(a->allocator_data, b->refs);
 	memset(b, 0, sizeof(*b));
 }
 
@@ -1026,7 +1047,7 @@ pack_message(Histd__V1__Message *m, size_t i, int64_t now_us,
 		rc = histd_error_set(HISTD_ELIMIT,
 			"messages[%zu] is %zu bytes; the limit is %" PRIu32,
 			i, size, max_bytes);
-	} else if (!(b->bufs[i] = malloc(size ? size : 1))) {
+	} else if (!(b->bufs[i] = batch_alloc(b, size))) {
 		rc = enomem();
 	} else {
 		b->in[i].data = b->bufs[i];
@@ -1045,14 +1066,15 @@ pack_message(Histd__V1__Message *m, size_t i, int64_t now_us,
  * the batch: the tool refs point at their ids.
  */
 static int
-batch_build(const histd_service_config *cfg, Histd__V1__Message **msgs,
-	    size_t n, batch *b)
+batch_build(const histd_service_config *cfg, ProtobufCAllocator *alloc,
+	    Histd__V1__Message **msgs, size_t n, batch *b)
 {
 	int64_t now_us = histd_now_us();
 	size_t n_refs = 0, r = 0;
 	int rc;
 
 	memset(b, 0, sizeof(*b));
+	b->alloc = alloc;
 	if (n == 0)
 		return 0;
 	for (size_t i = 0; i < n; i++) {
@@ -1066,10 +1088,10 @@ batch_build(const histd_service_config *cfg, Histd__V1__Message **msgs,
 		}
 	}
 	b->n = n;
-	b->in = calloc(n, sizeof(*b->in));
-	b->bufs = calloc(n, sizeof(*b->bufs));
-	b->tokens = calloc(n, sizeof(*b->tokens));
-	b->refs = calloc(n_refs ? n_refs : 1, sizeof(*b->refs));
+	b->in = batch_alloc(b, n * sizeof(*b->in));
+	b->bufs = batch_alloc(b, n * sizeof(*b->bufs));
+	b->tokens = batch_alloc(b, n * sizeof(*b->tokens));
+	b->refs = batch_alloc(b, (n_refs ? n_refs : 1) * sizeof(*b->refs));
 	if (!b->in || !b->bufs || !b->tokens || !b->refs) {
 		batch_free(b);
 		return enomem();
@@ -1195,6 +1217,7 @@ typedef struct call {
 	const uint8_t *raw;
 	size_t raw_len;
 	histd_reply *reply;
+	ProtobufCAllocator *alloc;   /* the call's arena */
 } call;
 
 static int
@@ -1502,7 +1525,7 @@ append_messages(call *c, const Histd__V1__AppendRequest *r,
 		return histd_error_set(HISTD_EINVALID,
 			"idempotency_key is longer than %d bytes",
 			IDEM_KEY_MAX);
-	if ((rc = batch_build(cfg, r->messages, r->n_messages, b)))
+	if ((rc = batch_build(cfg, c->alloc, r->messages, r->n_messages, b)))
 		return rc;
 	a.session_id = r->session_id;
 	a.expected_revision = r->expected_revision;
@@ -1746,7 +1769,7 @@ h_replace(call *c, void *msg)
 		return histd_error_set(HISTD_ELIMIT,
 			"messages holds %zu messages; the limit is %" PRIu32,
 			r->n_messages, cfg->max_messages_per_append);
-	if ((rc = batch_build(cfg, r->messages, r->n_messages, &b)))
+	if ((rc = batch_build(cfg, c->alloc, r->messages, r->n_messages, &b)))
 		return rc;
 	a.session_id = r->session_id;
 	a.expected_revision = r->expected_revision;
@@ -1999,6 +2022,7 @@ histd_service_unary(histd_service *s, enum histd_method m,
 	c.raw = req;
 	c.raw_len = len;
 	c.reply = reply;
+	c.alloc = &alloc;
 	rc = methods[m].fn(&c, msg);
 	if (rc) {
 		/* Set only on success, as service.h promises. */
