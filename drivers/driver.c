@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "histd_wire.h"
+#include "file/file.h"
 #include "memory/memory.h"
 
 /* ---------------------------------------------------------------------- */
@@ -50,6 +51,7 @@ static const struct {
 	histd_driver_open_fn open;
 } registry[] = {
 	{ "memory", histd_memory_driver_open },
+	{ "file", histd_file_driver_open },
 };
 
 #define N_DRIVERS (sizeof(registry) / sizeof(registry[0]))
@@ -57,6 +59,7 @@ static const struct {
 /* Kept in step with `registry`, for histd_driver_names. */
 static const char *const registry_names[N_DRIVERS + 1] = {
 	"memory",
+	"file",
 	NULL,
 };
 

@@ -1,0 +1,941 @@
+/*
+ * Recovery of the file driver (drivers/file/): what survives a reopen, a
+ * torn or corrupted log, a compaction, and a kill in the middle of one.
+ *
+ * The state is compared through the driver interface only: dump() renders
+ * everything a caller can observe (sessions, messages, summaries, tool
+ * results, idempotent replays) into text, before and after.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "driver.h"
+#include "file/file.h"
+
+#define LOG1 "log-0000000000000001.hsd"
+
+/* ---------------------------------------------------------------------- */
+/* Helpers                                                                 */
+
+typedef struct text {
+	char *p;
+	size_t len, cap;
+} text;
+
+static void
+tprintf(text *t, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	for (;;) {
+		va_start(ap, fmt);
+		n = vsnprintf(t->p ? t->p + t->len : NULL,
+			      t->p ? t->cap - t->len : 0, fmt, ap);
+		va_end(ap);
+		assert_true(n >= 0);
+		if (t->p && t->len + (size_t)n < t->cap)
+			break;
+		t->cap = (t->cap + (size_t)n + 1) * 2;
+		t->p = realloc(t->p, t->cap);
+		assert_non_null(t->p);
+	}
+	t->len += (size_t)n;
+}
+
+static void
+hexdump(text *t, const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		tprintf(t, "%02x", p[i]);
+}
+
+static char *
+tmpdir_new(void)
+{
+	const char *base = getenv("TMPDIR");
+	char *dir = malloc(256);
+
+	assert_non_null(dir);
+	snprintf(dir, 256, "%s/histd-recovery-XXXXXX", base && *base ? base : "/tmp");
+	assert_non_null(mkdtemp(dir));
+	return dir;
+}
+
+static void
+rm_rf(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+
+	if (!d)
+		return;
+	while ((e = readdir(d)))
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			unlinkat(dirfd(d), e->d_name, 0);
+	closedir(d);
+	rmdir(dir);
+}
+
+static void
+path_in(char *buf, size_t size, const char *dir, const char *name)
+{
+	snprintf(buf, size, "%s/%s", dir, name);
+}
+
+static uint8_t *
+read_file(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	uint8_t *p;
+	long n;
+
+	assert_non_null(f);
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	p = malloc(n ? (size_t)n : 1);
+	assert_non_null(p);
+	assert_int_equal(fread(p, 1, (size_t)n, f), (size_t)n);
+	fclose(f);
+	*len = (size_t)n;
+	return p;
+}
+
+static void
+write_file(const char *path, const uint8_t *p, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+
+	assert_non_null(f);
+	assert_int_equal(fwrite(p, 1, len, f), len);
+	assert_int_equal(fclose(f), 0);
+}
+
+static off_t
+file_size(const char *path)
+{
+	struct stat st;
+
+	assert_int_equal(stat(path, &st), 0);
+	return st.st_size;
+}
+
+/* Files of dir this process still maps although they were removed. */
+static int
+mapped_removed_files(const char *dir)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[1024];
+	int n = 0;
+
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, dir) && strstr(line, "(deleted)");
+	fclose(f);
+	return n;
+}
+
+static int
+dopen(const char *dir, const char *mode, histd_driver **d)
+{
+	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = mode };
+
+	return histd_driver_open("file", &cfg, d);
+}
+
+static histd_driver *
+must_open(const char *dir)
+{
+	histd_driver *d = NULL;
+	int rc = dopen(dir, "always", &d);
+
+	if (rc)
+		fail_msg("open %s: %s", dir, histd_error_message());
+	return d;
+}
+
+static void
+create(histd_driver *d, const char *tenant, const char *id,
+       const histd_kv *ck, size_t n_ck, const histd_kv *labels, size_t n_l)
+{
+	static const uint8_t config[] = { 0x08, 0x2a };
+	histd_session in = {
+		.tenant = (char *)tenant, .id = (char *)id,
+		.context_keys = (histd_kv *)ck, .n_context_keys = n_ck,
+		.labels = (histd_kv *)labels, .n_labels = n_l,
+		.config = (uint8_t *)config, .config_len = sizeof(config),
+		.created_at_us = 1700000000000000LL,
+	};
+	histd_session *out = NULL;
+
+	assert_int_equal(histd_driver_session_create(d, &in, &out), 0);
+	histd_session_free(out);
+}
+
+/* One message: bytes that name it (the driver never parses them). */
+typedef struct msg {
+	char body[4096];
+	const char *call, *result;
+	histd_tool_ref c, r;
+} msg;
+
+static histd_msg_in
+msg_in(msg *m, const char *text, const char *call, const char *result)
+{
+	snprintf(m->body, sizeof(m->body), "\x1a%c%s", (int)strlen(text), text);
+	m->c = (histd_tool_ref){ call, 0 };
+	m->r = (histd_tool_ref){ result, 0 };
+	return (histd_msg_in){
+		.data = (const uint8_t *)m->body, .len = strlen(m->body),
+		.token_estimate = (uint32_t)strlen(text),
+		.calls = call ? &m->c : NULL, .n_calls = call != NULL,
+		.results = result ? &m->r : NULL, .n_results = result != NULL,
+	};
+}
+
+static int
+append(histd_driver *d, const char *tenant, const char *id, const char *key,
+       uint8_t hash_byte, const char *text, const char *call,
+       const char *result, histd_append_result *res)
+{
+	uint8_t hash[HISTD_HASH_LEN];
+	msg m;
+	histd_msg_in in = msg_in(&m, text, call, result);
+	histd_append a = {
+		.tenant = tenant, .session_id = id, .idempotency_key = key,
+		.request_hash = hash, .now_us = 1700000000000000LL,
+		.idem_expires_us = 4000000000000000LL, .msgs = &in, .n_msgs = 1,
+	};
+	histd_append_result r;
+
+	memset(hash, hash_byte, sizeof(hash));
+	return histd_driver_append(d, &a, res ? res : &r);
+}
+
+static void
+must_append(histd_driver *d, const char *tenant, const char *id,
+	    const char *text)
+{
+	int rc = append(d, tenant, id, NULL, 0, text, NULL, NULL, NULL);
+
+	if (rc)
+		fail_msg("append: %s", histd_error_message());
+}
+
+/* Everything observable, as text. */
+static char *
+dump(histd_driver *d)
+{
+	static const char *const tenants[] = { "t1", "t2", "crash" };
+	static const char *const calls[] = { "c1", "c2", "c9" };
+	text t = { 0 };
+
+	for (size_t ti = 0; ti < 3; ti++) {
+		histd_list q = { .tenant = tenants[ti], .limit = 1000 };
+		histd_session_list l = { 0 };
+
+		assert_int_equal(histd_driver_session_list(d, &q, &l), 0);
+		tprintf(&t, "tenant %s: %zu sessions\n", tenants[ti], l.n);
+		for (size_t i = 0; i < l.n; i++) {
+			const histd_session *s = l.v[i];
+			histd_read rq = { .tenant = tenants[ti], .session_id = s->id };
+			histd_read_result rr = { 0 };
+			histd_record *sum = NULL;
+			histd_append_result ar = { 0 };
+			int rc;
+
+			tprintf(&t, "session %s rev=%llu last=%llu cleared=%llu n=%llu tok=%llu bytes=%llu first=%llu sums=%llu created=%lld updated=%lld\n",
+				s->id, (unsigned long long)s->revision,
+				(unsigned long long)s->last_seq,
+				(unsigned long long)s->cleared_to_seq,
+				(unsigned long long)s->message_count,
+				(unsigned long long)s->token_total,
+				(unsigned long long)s->bytes_total,
+				(unsigned long long)s->first_seq,
+				(unsigned long long)s->summary_count,
+				(long long)s->created_at_us, (long long)s->updated_at_us);
+			for (size_t k = 0; k < s->n_context_keys; k++)
+				tprintf(&t, " ck %s=%s\n", s->context_keys[k].key,
+					s->context_keys[k].value);
+			for (size_t k = 0; k < s->n_labels; k++)
+				tprintf(&t, " label %s=%s\n", s->labels[k].key,
+					s->labels[k].value);
+			tprintf(&t, " config ");
+			hexdump(&t, s->config, s->config_len);
+			tprintf(&t, "\n");
+			assert_int_equal(histd_driver_read(d, &rq, &rr), 0);
+			for (size_t k = 0; k < rr.records.n; k++) {
+				tprintf(&t, " msg %llu tok=%u ",
+					(unsigned long long)rr.records.v[k].seq,
+					rr.records.v[k].token_estimate);
+				hexdump(&t, rr.records.v[k].data, rr.records.v[k].len);
+				tprintf(&t, "\n");
+			}
+			histd_read_result_clear(&rr);
+			assert_int_equal(histd_driver_summary_get(d, tenants[ti], s->id,
+								  &sum), 0);
+			if (sum) {
+				tprintf(&t, " summary %llu ", (unsigned long long)sum->seq);
+				hexdump(&t, sum->data, sum->len);
+				tprintf(&t, "\n");
+				histd_record_free(sum);
+			}
+			for (size_t k = 0; k < 3; k++) {
+				histd_record *r = NULL;
+
+				rc = histd_driver_tool_result(d, tenants[ti], s->id,
+							      calls[k], &r);
+				tprintf(&t, " tool %s -> %s %llu\n", calls[k],
+					histd_error_name(rc),
+					(unsigned long long)(r ? r->seq : 0));
+				histd_record_free(r);
+			}
+			/* An idempotent retry answers the first result (only
+			 * t1/a has the key: elsewhere it would append). */
+			if (strcmp(tenants[ti], "t1") || strcmp(s->id, "a"))
+				continue;
+			rc = append(d, tenants[ti], s->id, "k1", 1, "retry", NULL,
+				    NULL, &ar);
+			tprintf(&t, " retry k1 -> %s first=%llu last=%llu rev=%llu replayed=%d\n",
+				histd_error_name(rc), (unsigned long long)ar.first_seq,
+				(unsigned long long)ar.last_seq,
+				(unsigned long long)ar.revision, ar.replayed);
+			if (rc == 0 && !ar.replayed)
+				fail_msg("key k1 was forgotten in %s", s->id);
+		}
+		histd_session_list_free(&l);
+	}
+	return t.p;
+}
+
+/* Sessions in every state a log record can leave them. */
+static void
+populate(histd_driver *d)
+{
+	const histd_kv ck[] = { { "user", "u1" } };
+	const histd_kv labels[] = { { "env", "prod" } };
+	const histd_kv labels2[] = { { "env", "test" }, { "team", "x" } };
+	histd_record sum = { .seq = 2, .token_estimate = 7,
+			     .data = (uint8_t *)"summary", .len = 7 };
+	histd_session in = { .id = "a-fork", .created_at_us = 1700000000000001LL };
+	histd_session *out = NULL;
+	histd_append_result res;
+	uint64_t rev, cleared;
+
+	create(d, "t1", "a", ck, 1, labels, 1);
+	assert_int_equal(append(d, "t1", "a", "k1", 1, "hello", NULL, NULL, &res), 0);
+	assert_int_equal(append(d, "t1", "a", NULL, 0, "calls", "c1", NULL, NULL), 0);
+	assert_int_equal(append(d, "t1", "a", NULL, 0, "answers", NULL, "c1", NULL), 0);
+	assert_int_equal(append(d, "t1", "a", NULL, 0, "calls2", "c2", NULL, NULL), 0);
+	assert_int_equal(histd_driver_summary_put(d, "t1", "a", 0, &sum, &rev, NULL), 0);
+	assert_int_equal(histd_driver_session_update(d, "t1", "a", 0, labels2, 2,
+						     NULL, 0, 1700000000000099LL,
+						     &out, NULL), 0);
+	histd_session_free(out);
+	assert_int_equal(histd_driver_session_fork(d, "t1", "a", 3, &in, &out), 0);
+	histd_session_free(out);
+	assert_int_equal(append(d, "t1", "a", NULL, 0, "answers2", NULL, "c2", NULL), 0);
+
+	create(d, "t1", "b", NULL, 0, NULL, 0);
+	for (int i = 0; i < 3; i++)
+		must_append(d, "t1", "b", "b-old");
+	assert_int_equal(histd_driver_clear(d, "t1", "b", 0, &rev, &cleared, NULL), 0);
+	must_append(d, "t1", "b", "b-new");
+
+	create(d, "t1", "c", NULL, 0, NULL, 0);
+	for (int i = 0; i < 3; i++)
+		must_append(d, "t1", "c", "c-old");
+	{
+		msg m[2];
+		histd_msg_in ms[2] = { msg_in(&m[0], "restored", "c9", NULL),
+				       msg_in(&m[1], "restored2", NULL, "c9") };
+		histd_append a = { .tenant = "t1", .session_id = "c", .msgs = ms,
+				   .n_msgs = 2 };
+
+		assert_int_equal(histd_driver_replace(d, &a, &res, &cleared), 0);
+	}
+	/* Replaced by nothing, then appended to: the empty replace must
+	 * replay as an empty array. */
+	create(d, "t1", "e", NULL, 0, NULL, 0);
+	must_append(d, "t1", "e", "e-old");
+	{
+		histd_append a = { .tenant = "t1", .session_id = "e" };
+
+		assert_int_equal(histd_driver_replace(d, &a, &res, &cleared), 0);
+	}
+	must_append(d, "t1", "e", "e-new");
+	must_append(d, "t1", "e", "e-new2");
+
+	create(d, "t1", "d", NULL, 0, NULL, 0);
+	must_append(d, "t1", "d", "gone");
+	assert_int_equal(histd_driver_session_delete(d, "t1", "d", 0, NULL), 0);
+
+	create(d, "t2", "a", ck, 1, NULL, 0);
+	must_append(d, "t2", "a", "other tenant");
+}
+
+/* ---------------------------------------------------------------------- */
+/* Reopen and compaction                                                   */
+
+static void
+state_survives_reopen_and_compaction(void **state)
+{
+	char *dir = tmpdir_new(), *before, *after, *compacted;
+	histd_driver *d = must_open(dir);
+	histd_file_stats st;
+
+	(void)state;
+	populate(d);
+	before = dump(d);
+	histd_driver_close(d);
+
+	d = must_open(dir);
+	after = dump(d);
+	assert_string_equal(before, after);
+	assert_int_equal(histd_file_driver_compact(d), 0);
+	assert_int_equal(histd_file_driver_stats(d, &st), 0);
+	assert_int_equal(st.compactions, 1);
+	/* Loaded messages moved to the snapshot: the old log is gone for
+	 * good, not kept alive by a mapping. */
+	assert_int_equal(mapped_removed_files(dir), 0);
+	assert_string_equal(before, (free(after), after = dump(d)));
+	must_append(d, "t1", "b", "after compaction");
+	/* Twice: the snapshot's own mapping is let go of too. */
+	assert_int_equal(histd_file_driver_compact(d), 0);
+	assert_int_equal(mapped_removed_files(dir), 0);
+	compacted = dump(d);
+	histd_driver_close(d);
+
+	/* Snapshot plus the new log's tail. */
+	d = must_open(dir);
+	free(after);
+	after = dump(d);
+	assert_string_equal(compacted, after);
+	histd_driver_close(d);
+
+	free(before);
+	free(after);
+	free(compacted);
+	rm_rf(dir);
+	free(dir);
+}
+
+static void
+compaction_reclaims_what_clear_and_delete_left(void **state)
+{
+	char *dir = tmpdir_new(), *before, *after, path[512];
+	histd_file_options opt;
+	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "never" };
+	histd_driver *d = NULL;
+	histd_file_stats st;
+	char big[2000];
+	int64_t t0;
+
+	(void)state;
+	histd_file_options_default(&opt);
+	opt.compact_min_bytes = 1 << 20;
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	/* Online: garbage crosses the ratio, the thread compacts. */
+	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	create(d, "t2", "a", NULL, 0, NULL, 0);
+	create(d, "t2", "keep", NULL, 0, NULL, 0);
+	must_append(d, "t2", "keep", "kept");
+	for (int i = 0; i < 1000; i++)
+		must_append(d, "t2", "a", big);
+	assert_int_equal(histd_driver_clear(d, "t2", "a", 0, NULL, NULL, NULL), 0);
+	must_append(d, "t2", "a", "small");
+	t0 = time(NULL);
+	do {
+		assert_int_equal(histd_file_driver_stats(d, &st), 0);
+		if (st.compactions)
+			break;
+		usleep(10000);
+	} while (time(NULL) - t0 < 10);
+	assert_int_equal(st.compactions, 1);
+	assert_true(st.file_bytes < 100000);
+	before = dump(d);
+	histd_driver_close(d);
+	path_in(path, sizeof(path), dir, LOG1);
+	assert_int_equal(access(path, F_OK), -1);       /* the old log is gone */
+
+	/* At open: lots of garbage, written with compaction out of reach. */
+	opt.compact_min_bytes = UINT64_MAX;
+	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	for (int i = 0; i < 1000; i++)
+		must_append(d, "t2", "a", big);
+	assert_int_equal(histd_driver_session_delete(d, "t2", "a", 0, NULL), 0);
+	create(d, "t2", "a", NULL, 0, NULL, 0);
+	must_append(d, "t2", "a", "small");
+	free(before);
+	before = dump(d);
+	assert_int_equal(histd_file_driver_stats(d, &st), 0);
+	assert_true(st.file_bytes > 1000 * 2000);
+	histd_driver_close(d);
+
+	opt.compact_min_bytes = 1 << 20;
+	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	assert_int_equal(histd_file_driver_stats(d, &st), 0);
+	assert_int_equal(st.compactions, 1);
+	assert_true(st.file_bytes < 100000);
+	after = dump(d);
+	assert_string_equal(before, after);
+	histd_driver_close(d);
+	free(before);
+	free(after);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Torn and corrupted logs                                                 */
+
+/* A directory whose log ends with two single appends, X then Y; the sizes
+ * before X, before Y and at the end, and the state dumps before X, before
+ * Y and at the end. */
+typedef struct fixture {
+	char *dir;
+	char log[512];
+	uint8_t *bytes;
+	size_t s0, s1, s2;
+	char *d0, *d1, *d2;
+} fixture;
+
+static void
+fixture_make(fixture *f)
+{
+	histd_driver *d;
+
+	/* Sizes are taken closed: an open log has zeros written ahead. */
+	memset(f, 0, sizeof(*f));
+	f->dir = tmpdir_new();
+	path_in(f->log, sizeof(f->log), f->dir, LOG1);
+	d = must_open(f->dir);
+	populate(d);
+	f->d0 = dump(d);
+	histd_driver_close(d);
+	f->s0 = (size_t)file_size(f->log);
+	d = must_open(f->dir);
+	must_append(d, "t1", "b", "record X");
+	f->d1 = dump(d);
+	histd_driver_close(d);
+	f->s1 = (size_t)file_size(f->log);
+	d = must_open(f->dir);
+	must_append(d, "t1", "b", "record Y");
+	f->d2 = dump(d);
+	histd_driver_close(d);
+	f->bytes = read_file(f->log, &f->s2);
+	assert_true(f->s0 < f->s1 && f->s1 < f->s2);
+}
+
+static void
+fixture_free(fixture *f)
+{
+	rm_rf(f->dir);
+	free(f->dir);
+	free(f->bytes);
+	free(f->d0);
+	free(f->d1);
+	free(f->d2);
+}
+
+/* Opens the log as given and checks it recovers to the state before Y,
+ * cut back to where Y started, and takes new appends. */
+static void
+expect_recovered_without_y(fixture *f, const uint8_t *bytes, size_t len,
+			   size_t at)
+{
+	histd_driver *d = NULL;
+	char *got;
+	int rc;
+
+	write_file(f->log, bytes, len);
+	rc = dopen(f->dir, "always", &d);
+	if (rc)
+		fail_msg("offset %zu: open: %s", at, histd_error_message());
+	got = dump(d);
+	if (strcmp(got, f->d1) != 0)
+		fail_msg("offset %zu: state differs from the state before the last record", at);
+	free(got);
+	assert_int_equal((size_t)file_size(f->log), f->s1);
+	must_append(d, "t1", "b", "record Y");
+	histd_driver_close(d);
+	d = must_open(f->dir);
+	got = dump(d);
+	if (strcmp(got, f->d2) != 0)
+		fail_msg("offset %zu: the append after recovery did not persist", at);
+	free(got);
+	histd_driver_close(d);
+}
+
+static void
+torn_last_record_is_truncated_at_every_offset(void **state)
+{
+	fixture f;
+
+	(void)state;
+	fixture_make(&f);
+	for (size_t cut = f.s1; cut < f.s2; cut++)
+		expect_recovered_without_y(&f, f.bytes, cut, cut);
+	fixture_free(&f);
+}
+
+static void
+corrupted_last_record_is_truncated_at_every_offset(void **state)
+{
+	fixture f;
+	uint8_t *copy;
+
+	(void)state;
+	fixture_make(&f);
+	copy = malloc(f.s2);
+	assert_non_null(copy);
+	for (size_t at = f.s1; at < f.s2; at++) {
+		memcpy(copy, f.bytes, f.s2);
+		copy[at] ^= 0x5a;
+		expect_recovered_without_y(&f, copy, f.s2, at);
+	}
+	free(copy);
+	fixture_free(&f);
+}
+
+static void
+corrupted_middle_record_refuses_to_open_at_every_offset(void **state)
+{
+	fixture f;
+	uint8_t *copy, *after;
+	histd_driver *d;
+
+	(void)state;
+	fixture_make(&f);
+	copy = malloc(f.s2);
+	assert_non_null(copy);
+	for (size_t at = f.s0; at < f.s1; at++) {
+		size_t len;
+		int rc;
+
+		memcpy(copy, f.bytes, f.s2);
+		copy[at] ^= 0x5a;
+		write_file(f.log, copy, f.s2);
+		d = NULL;
+		rc = dopen(f.dir, "always", &d);
+		if (rc != HISTD_ECORRUPT)
+			fail_msg("offset %zu: open returned %s, not CORRUPT", at,
+				 histd_error_name(rc));
+		assert_null(d);
+		assert_non_null(strstr(histd_error_message(), LOG1));
+		/* Refusing changes nothing: the operator gets the file as
+		 * it was. */
+		after = read_file(f.log, &len);
+		assert_int_equal(len, f.s2);
+		assert_memory_equal(after, copy, len);
+		free(after);
+	}
+	free(copy);
+	fixture_free(&f);
+}
+
+static void
+torn_file_header_opens_empty(void **state)
+{
+	fixture f;
+	histd_driver *d;
+	char *got;
+	size_t hdr = 30;        /* the header frame is shorter than this */
+
+	(void)state;
+	fixture_make(&f);
+	for (size_t cut = 0; cut < 20; cut++) {
+		write_file(f.log, f.bytes, cut);
+		d = must_open(f.dir);
+		got = dump(d);
+		assert_string_equal(got, "tenant t1: 0 sessions\ntenant t2: 0 sessions\ntenant crash: 0 sessions\n");
+		free(got);
+		histd_driver_close(d);
+		assert_true((size_t)file_size(f.log) < hdr);
+	}
+	fixture_free(&f);
+}
+
+static void
+corrupted_snapshot_refuses_to_open(void **state)
+{
+	char *dir = tmpdir_new(), snap[512], path[512];
+	histd_driver *d = must_open(dir);
+	uint8_t *bytes, *copy;
+	size_t len;
+
+	(void)state;
+	populate(d);
+	assert_int_equal(histd_file_driver_compact(d), 0);
+	histd_driver_close(d);
+	path_in(snap, sizeof(snap), dir, "snapshot-0000000000000002.hsd");
+	bytes = read_file(snap, &len);
+	copy = malloc(len);
+	assert_non_null(copy);
+	for (size_t at = 0; at < len; at += 3) {
+		memcpy(copy, bytes, len);
+		copy[at] ^= 0x01;
+		write_file(snap, copy, len);
+		d = NULL;
+		if (dopen(dir, "always", &d) != HISTD_ECORRUPT)
+			fail_msg("snapshot offset %zu: not refused", at);
+	}
+	/* Cut short: refused too (a snapshot is renamed only once whole). */
+	write_file(snap, bytes, len - 1);
+	assert_int_equal(dopen(dir, "always", &d), HISTD_ECORRUPT);
+	/* A missing log generation is refused. */
+	write_file(snap, bytes, len);
+	path_in(path, sizeof(path), dir, "log-0000000000000002.hsd");
+	assert_int_equal(unlink(path), 0);
+	assert_int_equal(dopen(dir, "always", &d), HISTD_ECORRUPT);
+	assert_non_null(strstr(histd_error_message(), "is missing"));
+	free(bytes);
+	free(copy);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The directory                                                           */
+
+static void
+second_open_of_a_data_directory_is_unavailable(void **state)
+{
+	char *dir = tmpdir_new();
+	histd_driver *d = must_open(dir), *d2 = NULL;
+
+	(void)state;
+	assert_int_equal(dopen(dir, "batch", &d2), HISTD_EUNAVAILABLE);
+	assert_null(d2);
+	assert_non_null(strstr(histd_error_message(),
+			       "is in use by another process"));
+	histd_driver_close(d);
+	d = must_open(dir);
+	histd_driver_close(d);
+	rm_rf(dir);
+	free(dir);
+}
+
+static void
+bad_options_are_refused(void **state)
+{
+	histd_driver *d = NULL;
+	histd_driver_config cfg = { .data_dir = "/tmp/x", .fsync_mode = "sometimes" };
+
+	(void)state;
+	assert_int_equal(histd_driver_open("file", &cfg, &d), HISTD_EINVALID);
+	cfg = (histd_driver_config){ 0 };
+	assert_int_equal(histd_driver_open("file", &cfg, &d), HISTD_EINVALID);
+	assert_null(d);
+}
+
+static void
+leftover_snapshot_tmp_is_removed(void **state)
+{
+	char *dir = tmpdir_new(), path[512], *before, *after;
+	histd_driver *d = must_open(dir);
+
+	(void)state;
+	populate(d);
+	before = dump(d);
+	histd_driver_close(d);
+	path_in(path, sizeof(path), dir, "snapshot-0000000000000002.hsd.tmp");
+	write_file(path, (const uint8_t *)"partial", 7);
+	d = must_open(dir);
+	assert_int_equal(access(path, F_OK), -1);
+	after = dump(d);
+	assert_string_equal(before, after);
+	histd_driver_close(d);
+	free(before);
+	free(after);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Killed while compacting                                                 */
+
+/* The child appends and compacts in a loop, writing each acknowledged seq
+ * to the pipe, until it is killed. */
+static void
+child_loop(const char *dir, int out)
+{
+	histd_file_options opt;
+	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "batch" };
+	histd_driver *d = NULL;
+	histd_append_result res;
+	char text[32];
+
+	histd_file_options_default(&opt);
+	opt.compact_min_bytes = 4096;
+	if (histd_file_driver_open_ex(&cfg, &opt, &d))
+		_exit(3);
+	for (uint64_t i = 0;; i++) {
+		snprintf(text, sizeof(text), "m%llu", (unsigned long long)i);
+		if (append(d, "crash", "s", NULL, 0, text, NULL, NULL, &res))
+			_exit(4);
+		if (write(out, &res.last_seq, sizeof(res.last_seq)) != sizeof(res.last_seq))
+			_exit(5);
+		/* Garbage in another session keeps compaction busy. */
+		if (append(d, "crash", "junk", NULL, 0, text, NULL, NULL, NULL) ||
+		    (i % 7 == 0 &&
+		     histd_driver_clear(d, "crash", "junk", 0, NULL, NULL, NULL)))
+			_exit(6);
+		if (i % 50 == 0 && histd_file_driver_compact(d))
+			_exit(7);
+	}
+}
+
+static void
+kill_during_compaction_loses_nothing_acknowledged(void **state)
+{
+	char *dir = tmpdir_new();
+	histd_driver *d = must_open(dir);
+	uint64_t acked = 0, seq;
+
+	(void)state;
+	create(d, "crash", "s", NULL, 0, NULL, 0);
+	create(d, "crash", "junk", NULL, 0, NULL, 0);
+	histd_driver_close(d);
+	srand(12345);
+	for (int round = 0; round < 15; round++) {
+		int p[2], status;
+		pid_t pid;
+		histd_read q = { .tenant = "crash", .session_id = "s" };
+		histd_read_result r = { 0 };
+
+		assert_int_equal(pipe(p), 0);
+		pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			close(p[0]);
+			child_loop(dir, p[1]);
+		}
+		close(p[1]);
+		usleep(20000 + (useconds_t)(rand() % 80000));
+		kill(pid, SIGKILL);
+		while (read(p[0], &seq, sizeof(seq)) == sizeof(seq))
+			if (seq > acked)
+				acked = seq;
+		close(p[0]);
+		assert_int_equal(waitpid(pid, &status, 0), pid);
+		if (!WIFSIGNALED(status))
+			fail_msg("round %d: the child exited with %d", round,
+				 WEXITSTATUS(status));
+
+		/* Every acknowledged seq is there, in order, with no gap. */
+		d = NULL;
+		if (dopen(dir, "batch", &d))
+			fail_msg("round %d: open: %s", round, histd_error_message());
+		assert_int_equal(histd_driver_read(d, &q, &r), 0);
+		assert_true(r.last_seq >= acked);
+		assert_int_equal(r.records.n, r.last_seq);
+		for (size_t i = 0; i < r.records.n; i++)
+			assert_int_equal(r.records.v[i].seq, i + 1);
+		histd_read_result_clear(&r);
+		histd_driver_close(d);
+	}
+	assert_true(acked > 0);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* A killed writer leaves the zeros it wrote ahead of the log's end: that
+ * is the clean end of the log, not a torn record. */
+static void
+zeros_written_ahead_are_the_clean_end_after_a_kill(void **state)
+{
+	char *dir = tmpdir_new(), log[512];
+	int p[2], status;
+	char ready;
+	pid_t pid;
+	size_t len;
+	uint8_t *bytes;
+	histd_driver *d;
+	histd_read q = { .tenant = "t1", .session_id = "z" };
+	histd_read_result r = { 0 };
+
+	(void)state;
+	path_in(log, sizeof(log), dir, LOG1);
+	assert_int_equal(pipe(p), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		d = NULL;
+		if (dopen(dir, "always", &d))
+			_exit(3);
+		create(d, "t1", "z", NULL, 0, NULL, 0);
+		for (int i = 0; i < 20; i++)
+			if (append(d, "t1", "z", NULL, 0, "kept", NULL, NULL, NULL))
+				_exit(4);
+		if (write(p[1], "r", 1) != 1)
+			_exit(5);
+		pause();
+		_exit(0);
+	}
+	close(p[1]);
+	assert_int_equal(read(p[0], &ready, 1), 1);
+	kill(pid, SIGKILL);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	close(p[0]);
+	bytes = read_file(log, &len);
+	assert_true(len > 4096);
+	for (size_t i = len - 4096; i < len; i++)
+		assert_int_equal(bytes[i], 0);
+	free(bytes);
+
+	d = must_open(dir);
+	assert_int_equal(histd_driver_read(d, &q, &r), 0);
+	assert_int_equal(r.records.n, 20);
+	assert_int_equal(r.last_seq, 20);
+	histd_read_result_clear(&r);
+	/* Cut back to the records. */
+	assert_true((size_t)file_size(log) < len - 4096);
+	must_append(d, "t1", "z", "after");
+	histd_driver_close(d);
+	d = must_open(dir);
+	assert_int_equal(histd_driver_read(d, &q, &r), 0);
+	assert_int_equal(r.records.n, 21);
+	histd_read_result_clear(&r);
+	histd_driver_close(d);
+	rm_rf(dir);
+	free(dir);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(state_survives_reopen_and_compaction),
+		cmocka_unit_test(compaction_reclaims_what_clear_and_delete_left),
+		cmocka_unit_test(torn_last_record_is_truncated_at_every_offset),
+		cmocka_unit_test(corrupted_last_record_is_truncated_at_every_offset),
+		cmocka_unit_test(corrupted_middle_record_refuses_to_open_at_every_offset),
+		cmocka_unit_test(torn_file_header_opens_empty),
+		cmocka_unit_test(corrupted_snapshot_refuses_to_open),
+		cmocka_unit_test(second_open_of_a_data_directory_is_unavailable),
+		cmocka_unit_test(bad_options_are_refused),
+		cmocka_unit_test(leftover_snapshot_tmp_is_removed),
+		cmocka_unit_test(kill_during_compaction_loses_nothing_acknowledged),
+		cmocka_unit_test(zeros_written_ahead_are_the_clean_end_after_a_kill),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
