@@ -18,7 +18,7 @@ build: deps
 	cmake --build $(BUILD) -j$(JOBS)
 
 run: build
-	./$(BUILD)/server/histd --listen $(LISTEN) --driver memory --auth-disabled
+	./$(BUILD)/server/histd --listen $(LISTEN) --driver file --data-dir ./data --auth-disabled
 
 # Every test on the normal build, then every test again built with
 # AddressSanitizer and UBSan.
@@ -36,6 +36,7 @@ test-asan: deps
 
 bench: build
 	./$(BUILD)/tests/bench/histd-bench --histd ./$(BUILD)/server/histd
+	./$(BUILD)/tests/bench/histd-file-bench --histd ./$(BUILD)/server/histd
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -35,8 +35,9 @@ static const struct opt opts[] = {
 	  "address to serve gRPC on (host:port; port 0 picks a free one)" },
 	{ "port-file", OPT_STR, OFF(port_file), "",
 	  "write the bound port to this file once serving" },
-	{ "driver", OPT_STR, OFF(driver), "memory",
-	  "storage driver: memory" },
+	{ "driver", OPT_STR, OFF(driver), "file",
+	  "storage driver: file (durable, in data-dir), memory (lost at\n"
+	  "      exit) or postgres (shared by replicas)" },
 	{ "data-dir", OPT_STR, OFF(data_dir), "./data",
 	  "directory of the file driver" },
 	{ "fsync", OPT_STR, OFF(fsync), "batch",

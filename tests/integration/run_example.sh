@@ -14,7 +14,7 @@ cleanup() {
 trap cleanup EXIT
 "$protoc" -I "$proto" -I /usr/include --python_out="$dir" --grpc_python_out="$dir" \
 	--plugin=protoc-gen-grpc_python="$plugin" "$proto/histd/v1/histd.proto"
-"$histd" --auth-disabled --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn &
+"$histd" --auth-disabled --driver memory --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn &
 pid=$!
 i=0
 while [ ! -s "$dir/port" ]; do

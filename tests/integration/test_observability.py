@@ -35,7 +35,7 @@ SECRET = "SECRET-CONVERSATION-TEXT-7f3a"
 log_path = os.path.join(tmp, "histd.log")
 pf, mf = os.path.join(tmp, "port"), os.path.join(tmp, "mport")
 log = open(log_path, "w")
-proc = subprocess.Popen([ARGS.histd, "--auth-disabled", "--listen", "127.0.0.1:0", "--port-file", pf,
+proc = subprocess.Popen([ARGS.histd, "--auth-disabled", "--driver", "memory", "--listen", "127.0.0.1:0", "--port-file", pf,
                          "--metrics-listen", "127.0.0.1:0", "--metrics-port-file", mf,
                          "--log-level", "debug"], stderr=log)
 passes, failures = [], []

@@ -48,7 +48,7 @@ from xgrpc.reflection.v1alpha import reflection_pb2 as ra  # noqa: E402
 from xgrpc.reflection.v1alpha import reflection_pb2_grpc as rag  # noqa: E402
 
 port_file = os.path.join(tmp, "port")
-proc = subprocess.Popen([ARGS.histd, "--auth-disabled", "--listen", "127.0.0.1:0", "--port-file",
+proc = subprocess.Popen([ARGS.histd, "--auth-disabled", "--driver", "memory", "--listen", "127.0.0.1:0", "--port-file",
                          port_file, "--log-level", "warn"])
 failures = []
 passes = []

@@ -42,7 +42,7 @@ with open(keys, "w") as f:
 log_path = os.path.join(tmp, "histd.log")
 pf = os.path.join(tmp, "port")
 log = open(log_path, "w")
-proc = subprocess.Popen([ARGS.histd, "--listen", "127.0.0.1:0", "--port-file", pf,
+proc = subprocess.Popen([ARGS.histd, "--driver", "memory", "--listen", "127.0.0.1:0", "--port-file", pf,
                          "--api-keys-file", keys, "--log-level", "debug",
                          "--max-message-bytes", "65536", "--max-subscribers", "40",
                          "--max-concurrent-streams", "100"], stderr=log)

@@ -68,7 +68,7 @@ def start(*extra):
     pf = os.path.join(tmp, "port")
     if os.path.exists(pf):
         os.unlink(pf)
-    p = subprocess.Popen([ARGS.histd, "--auth-disabled", "--listen", "127.0.0.1:0", "--port-file", pf,
+    p = subprocess.Popen([ARGS.histd, "--auth-disabled", "--driver", "memory", "--listen", "127.0.0.1:0", "--port-file", pf,
                           "--log-level", "warn"] + list(extra),
                          stderr=subprocess.PIPE)
     for _ in range(200):

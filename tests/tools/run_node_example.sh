@@ -14,7 +14,7 @@ cleanup() {
 	rm -rf "$dir"
 }
 trap cleanup EXIT
-"$histd" --auth-disabled --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn &
+"$histd" --auth-disabled --driver memory --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn &
 pid=$!
 i=0
 while [ ! -s "$dir/port" ]; do

@@ -39,7 +39,7 @@ wait_for() { # wait_for FILE PATTERN: up to 10 s
 	done
 }
 
-"$histd" --auth-disabled --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn &
+"$histd" --auth-disabled --driver memory --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn &
 pid=$!
 i=0
 while [ ! -s "$dir/port" ]; do
@@ -167,7 +167,7 @@ check "histd exits 0 on SIGTERM" [ "$rc" -eq 0 ]
 if "$histd" --help 2>&1 | grep -q -- "--api-keys-file"; then
 	printf 'key-rw-0123456789abcdef tenant-a\nkey-ro-0123456789abcdef tenant-a read-only\n' >"$dir/keys"
 	rm -f "$dir/port"
-	"$histd" --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn \
+	"$histd" --driver memory --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn \
 		--api-keys-file "$dir/keys" &
 	pid=$!
 	i=0

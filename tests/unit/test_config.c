@@ -35,7 +35,8 @@ defaults_apply_without_input(void **state)
 	unsetenv("HISTD_AUTH_DISABLED");
 	assert_int_equal(cfg.auth_disabled, 1);
 	assert_string_equal(cfg.listen, "0.0.0.0:50051");
-	assert_string_equal(cfg.driver, "memory");
+	assert_string_equal(cfg.driver, "file");
+	assert_string_equal(cfg.data_dir, "./data");
 	assert_int_equal(cfg.max_receive_bytes, 4u * 1024 * 1024);
 	assert_int_equal(cfg.service.max_messages_per_append, 1000);
 	assert_int_equal(cfg.service.idempotency_ttl_us, 86400LL * 1000000);
