@@ -13,17 +13,25 @@
  * Options:
  *   max_messages (alias max_length)  1..10,000,000; 0 or absent: no limit
  *   max_tokens                        1..2^32;     0 or absent: no limit
- * At least one is required.
+ *   provider                          measure max_tokens by that
+ *                                     provider's image and document rules
+ *                                     (tokens.h: anthropic, openai,
+ *                                     gemini, mistral); absent: the stored
+ *                                     estimates. Costs an unpack of each
+ *                                     message the budget walks.
+ * At least one of max_messages and max_tokens is required.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "opts.h"
 #include "plugin.h"
+#include "tokens.h"
 
 struct window {
 	uint64_t max_messages;
 	uint64_t max_tokens;
+	histd_tokens_provider provider;
 };
 
 static int
@@ -41,7 +49,16 @@ w_configure(const histd_plugin_opt *o, size_t n, void **state, char *err,
 		else if (!strcmp(o[i].key, "max_tokens"))
 			rc = histd_opt_uint(&o[i], UINT32_MAX, &w.max_tokens,
 					    err, cap);
-		else
+		else if (!strcmp(o[i].key, "provider")) {
+			rc = 0;
+			if (histd_tokens_provider_parse(o[i].value,
+							&w.provider)) {
+				snprintf(err, cap, "options.provider must be "
+					 "anthropic, openai, gemini, mistral "
+					 "or default");
+				rc = HISTD_EINVALID;
+			}
+		} else
 			rc = histd_opt_unknown(&o[i], "window", err, cap);
 		if (rc)
 			return rc;
@@ -70,6 +87,20 @@ pinned(const histd_view_item *it)
 	return (it->flags & (HISTD_ITEM_SYSTEM | HISTD_ITEM_SUMMARY)) != 0;
 }
 
+/* Item i's cost under the window's rules: the stored estimate, or the
+ * provider's (text counts the same, images and documents may not). */
+static uint64_t
+item_tokens(const struct window *w, histd_view *v, size_t i)
+{
+	const Histd__V1__Message *m;
+
+	if (w->provider == HISTD_TOKENS_DEFAULT)
+		return v->items[i].tokens;
+	m = v->ops->message(v, i);
+	return m ? histd_tokens_message_for(m, w->provider)
+		 : v->items[i].tokens;
+}
+
 static int
 w_transform(void *state, histd_view *v)
 {
@@ -80,7 +111,7 @@ w_transform(void *state, histd_view *v)
 	int rc;
 
 	while (from < v->n && pinned(&v->items[from]))
-		pinned_tokens += v->items[from++].tokens;
+		pinned_tokens += item_tokens(w, v, from++);
 	m = v->n - from;
 
 	/* s0: the earliest start the bounds allow. */
@@ -92,8 +123,13 @@ w_transform(void *state, histd_view *v)
 				 w->max_tokens - pinned_tokens : 0;
 		size_t k = m;
 
-		while (k > 0 && sum + v->items[from + k - 1].tokens <= avail)
-			sum += v->items[from + --k].tokens;
+		uint64_t t;
+
+		while (k > 0 &&
+		       sum + (t = item_tokens(w, v, from + k - 1)) <= avail) {
+			sum += t;
+			k--;
+		}
 		if (k > s0)
 			s0 = k;
 	}

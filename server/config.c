@@ -114,6 +114,87 @@ static const struct opt opts[] = {
 	{ "max-calls-per-tenant", OPT_U32, OFF(max_calls_per_tenant), "256",
 	  "calls one tenant may have in progress (RESOURCE_EXHAUSTED above;\n"
 	  "      0: no limit)" },
+	{ "anthropic-base-url", OPT_STR, OFF(anthropic.base_url),
+	  "https://api.anthropic.com", "Anthropic API base URL (summarizer=anthropic)" },
+	{ "anthropic-api-key-env", OPT_STR, OFF(anthropic.api_key_env), "ANTHROPIC_API_KEY",
+	  "environment variable holding the Anthropic API key (never logged)" },
+	{ "anthropic-model", OPT_STR, OFF(anthropic.model), "",
+	  "Anthropic model that writes summaries (empty: Anthropic summarizer\n"
+	  "      not configured)" },
+	{ "anthropic-prompt", OPT_STR, OFF(anthropic.prompt), "",
+	  "Anthropic summarization instruction (empty: the built-in one)" },
+	{ "anthropic-max-output-tokens", OPT_U32, OFF(anthropic.max_output_tokens),
+	  "1024", "longest Anthropic summary in tokens (a session's\n"
+	  "      max_summary_tokens wins)" },
+	{ "anthropic-timeout-ms", OPT_U32, OFF(anthropic.timeout_ms), "120000",
+	  "one Anthropic summary call, retries included (a session's\n"
+	  "      timeout_ms wins)" },
+	{ "openai-base-url", OPT_STR, OFF(openai.base_url),
+	  "https://api.openai.com", "OpenAI API base URL (summarizer=openai_chat, openai_responses)" },
+	{ "openai-api-key-env", OPT_STR, OFF(openai.api_key_env), "OPENAI_API_KEY",
+	  "environment variable holding the OpenAI API key (never logged)" },
+	{ "openai-model", OPT_STR, OFF(openai.model), "",
+	  "OpenAI model that writes summaries (empty: OpenAI summarizer\n"
+	  "      not configured)" },
+	{ "openai-prompt", OPT_STR, OFF(openai.prompt), "",
+	  "OpenAI summarization instruction (empty: the built-in one)" },
+	{ "openai-max-output-tokens", OPT_U32, OFF(openai.max_output_tokens),
+	  "1024", "longest OpenAI summary in tokens (a session's\n"
+	  "      max_summary_tokens wins)" },
+	{ "openai-timeout-ms", OPT_U32, OFF(openai.timeout_ms), "120000",
+	  "one OpenAI summary call, retries included (a session's\n"
+	  "      timeout_ms wins)" },
+	{ "gemini-base-url", OPT_STR, OFF(gemini.base_url),
+	  "https://generativelanguage.googleapis.com", "Gemini API base URL (summarizer=gemini)" },
+	{ "gemini-api-key-env", OPT_STR, OFF(gemini.api_key_env), "GEMINI_API_KEY",
+	  "environment variable holding the Gemini API key (never logged)" },
+	{ "gemini-model", OPT_STR, OFF(gemini.model), "",
+	  "Gemini model that writes summaries (empty: Gemini summarizer\n"
+	  "      not configured)" },
+	{ "gemini-prompt", OPT_STR, OFF(gemini.prompt), "",
+	  "Gemini summarization instruction (empty: the built-in one)" },
+	{ "gemini-max-output-tokens", OPT_U32, OFF(gemini.max_output_tokens),
+	  "1024", "longest Gemini summary in tokens (a session's\n"
+	  "      max_summary_tokens wins)" },
+	{ "gemini-timeout-ms", OPT_U32, OFF(gemini.timeout_ms), "120000",
+	  "one Gemini summary call, retries included (a session's\n"
+	  "      timeout_ms wins)" },
+	{ "mistral-base-url", OPT_STR, OFF(mistral.base_url),
+	  "https://api.mistral.ai", "Mistral API base URL (summarizer=mistral)" },
+	{ "mistral-api-key-env", OPT_STR, OFF(mistral.api_key_env), "MISTRAL_API_KEY",
+	  "environment variable holding the Mistral API key (never logged)" },
+	{ "mistral-model", OPT_STR, OFF(mistral.model), "",
+	  "Mistral model that writes summaries (empty: Mistral summarizer\n"
+	  "      not configured)" },
+	{ "mistral-prompt", OPT_STR, OFF(mistral.prompt), "",
+	  "Mistral summarization instruction (empty: the built-in one)" },
+	{ "mistral-max-output-tokens", OPT_U32, OFF(mistral.max_output_tokens),
+	  "1024", "longest Mistral summary in tokens (a session's\n"
+	  "      max_summary_tokens wins)" },
+	{ "mistral-timeout-ms", OPT_U32, OFF(mistral.timeout_ms), "120000",
+	  "one Mistral summary call, retries included (a session's\n"
+	  "      timeout_ms wins)" },
+	{ "summarizer-connect-timeout-ms", OPT_U32,
+	  OFF(summarizer_http.connect_timeout_ms), "5000",
+	  "provider calls: one connection attempt" },
+	{ "summarizer-request-timeout-ms", OPT_U32,
+	  OFF(summarizer_http.timeout_ms), "60000",
+	  "provider calls: one attempt, whole" },
+	{ "summarizer-max-retries", OPT_U32, OFF(summarizer_http.max_retries),
+	  "3", "provider calls: retries of a failed attempt (connection\n"
+	  "      errors, timeouts, 408, 409, 429, 5xx)" },
+	{ "summarizer-backoff-base-ms", OPT_U32,
+	  OFF(summarizer_http.backoff_base_ms), "500",
+	  "provider calls: first backoff (doubling, full jitter)" },
+	{ "summarizer-backoff-max-ms", OPT_U32,
+	  OFF(summarizer_http.backoff_max_ms), "30000",
+	  "provider calls: longest single backoff" },
+	{ "summarizer-max-concurrent", OPT_U32,
+	  OFF(summarizer_http.max_concurrent), "8",
+	  "provider calls in progress at once, all providers together" },
+	{ "summarizer-max-response-bytes", OPT_SIZE,
+	  OFF(summarizer_http.max_response_bytes), "16M",
+	  "largest provider answer accepted" },
 };
 
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
@@ -482,6 +563,11 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 	}
 	if (cfg->hub.queue_max == 0) {
 		fprintf(stderr, "histd: subscriber-queue must be at least 1\n");
+		return -1;
+	}
+	if (cfg->summarizer_http.max_concurrent == 0) {
+		fprintf(stderr, "histd: summarizer-max-concurrent must be at "
+			"least 1\n");
 		return -1;
 	}
 	if (cfg->service.max_messages_per_append == 0 ||

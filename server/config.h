@@ -13,8 +13,21 @@
 #include <stdio.h>
 
 #include "context.h"
+#include "http.h"
 #include "hub.h"
 #include "service.h"
+
+/* One provider's summarizer (clients/provider_summarizer.h): opened at
+ * start when model is set. OpenAI's options serve both of its formats
+ * (summarizer=openai_chat and summarizer=openai_responses). */
+typedef struct histd_provider_config {
+	char *base_url;          /* "": the provider's public API */
+	char *api_key_env;       /* the variable holding the API key */
+	char *model;             /* "": this provider is not configured */
+	char *prompt;            /* "": the built-in instruction */
+	uint32_t max_output_tokens;
+	uint32_t timeout_ms;     /* the whole call, retries included */
+} histd_provider_config;
 
 typedef struct histd_config {
 	char *config_file;
@@ -43,6 +56,12 @@ typedef struct histd_config {
 	char *api_keys_file;     /* KEY TENANT [read-only] per line */
 	int auth_disabled;       /* explicit: every call is tenant "default" */
 	uint32_t max_calls_per_tenant;  /* calls in progress; 0: no limit */
+	/* Compaction's provider summarizers, and the HTTP layer they share. */
+	histd_provider_config anthropic;
+	histd_provider_config openai;
+	histd_provider_config gemini;
+	histd_provider_config mistral;
+	histd_http_config summarizer_http;
 } histd_config;
 
 /*

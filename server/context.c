@@ -831,7 +831,8 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 			rc = enomem();
 			goto out;
 		}
-		memcpy(tmp, msgs, n_all * sizeof(*tmp));
+		if (n_all)      /* msgs is NULL then: memcpy wants a pointer */
+			memcpy(tmp, msgs, n_all * sizeof(*tmp));
 		for (int pass = 0; pass < 2; pass++)
 			for (size_t i = 0; i < n_all; i++)
 				if ((tmp[i]->role ==

@@ -5,6 +5,13 @@
  * starts its own, and main waits for them with sigwait; then the server
  * drains (health NOT_SERVING, streams end with UNAVAILABLE, calls in
  * flight finish within the grace) and histd exits 0.
+ *
+ * Summarizers: the provider summarizers whose model is configured are
+ * opened at start (a configured one without its API key stops start-up)
+ * and handed to compaction as its summarizer source, so that a session's
+ * compaction option summarizer=<name> finds them. The other provider names
+ * stay known, so that a session may name them, and fail when used with a
+ * message saying which options and variable to set.
  */
 #include <errno.h>
 #include <grpc/grpc.h>
@@ -14,12 +21,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "compaction.h"
 #include "config.h"
 #include "context.h"
 #include "driver.h"
 #include "hub.h"
 #include "log.h"
 #include "metrics.h"
+#include "provider_summarizer.h"
 #include "service.h"
 #include "transport.h"
 
@@ -40,6 +49,150 @@ write_port_file(const char *path, int port)
 	return rename(tmp, path);
 }
 
+/* ---------------------------------------------------------------------- */
+/* Compaction's provider summarizers                                       */
+
+/* One name compaction may give as its summarizer option. */
+typedef struct summarizer_slot {
+	const char *name;          /* in compaction's options */
+	const char *provider;      /* histd_provider_options.provider */
+	const char *prefix;        /* its options: "<prefix>-model", ... */
+	const histd_provider_config *conf;
+	histd_summarizer *s;       /* opened at start; NULL: not configured */
+} summarizer_slot;
+
+typedef struct summarizers {
+	histd_http *http;          /* shared by every provider call */
+	summarizer_slot slot[6];
+	size_t n;
+} summarizers;
+
+/*
+ * What compaction opens per reduce: a view of the long-lived summarizer
+ * made at start (which holds the key and the shared HTTP layer), freed
+ * without touching it. summarize of a provider summarizer is safe from
+ * several threads at once.
+ */
+typedef struct borrowed_summarizer {
+	histd_summarizer base;
+	histd_summarizer *inner;
+} borrowed_summarizer;
+
+static int
+borrowed_summarize(histd_summarizer *s, const histd_summary_request *req,
+		   histd_summary_result *out)
+{
+	histd_summarizer *in = ((borrowed_summarizer *)s)->inner;
+
+	return in->summarize(in, req, out);
+}
+
+static void
+borrowed_free(histd_summarizer *s)
+{
+	free(s);
+}
+
+static summarizer_slot *
+find_slot(summarizers *z, const char *name)
+{
+	for (size_t i = 0; i < z->n; i++)
+		if (!strcmp(z->slot[i].name, name))
+			return &z->slot[i];
+	return NULL;
+}
+
+static int
+source_exists(void *arg, const char *name)
+{
+	return find_slot(arg, name) != NULL;
+}
+
+static int
+source_open(void *arg, const char *name, histd_summarizer **out)
+{
+	summarizer_slot *sl = find_slot(arg, name);
+	borrowed_summarizer *b;
+
+	if (!sl)
+		return histd_error_set(HISTD_EINVALID, "unknown summarizer");
+	if (!sl->s)
+		return histd_error_set(HISTD_EPRECONDITION, "summarizer %s is "
+				       "not configured: set %s-model and the "
+				       "API key in %s", sl->name, sl->prefix,
+				       sl->conf->api_key_env);
+	if (!(b = calloc(1, sizeof(*b))))
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	b->base.version = HISTD_SUMMARIZER_VERSION;
+	b->base.name = sl->name;
+	b->base.summarize = borrowed_summarize;
+	b->base.free = borrowed_free;
+	b->inner = sl->s;
+	*out = &b->base;
+	return 0;
+}
+
+static void
+summarizers_free(summarizers *z)
+{
+	for (size_t i = 0; i < z->n; i++)
+		if (z->slot[i].s)
+			z->slot[i].s->free(z->slot[i].s);
+	histd_http_free(z->http);
+	memset(z, 0, sizeof(*z));
+}
+
+/* Opens every configured provider summarizer; -1 after logging why not. */
+static int
+summarizers_open(summarizers *z, const histd_config *cfg)
+{
+	const summarizer_slot slots[] = {
+		{ "anthropic", "anthropic", "anthropic", &cfg->anthropic, NULL },
+		{ "openai_chat", "openai_chat", "openai", &cfg->openai, NULL },
+		/* "openai" is the Chat Completions summarizer too. */
+		{ "openai", "openai_chat", "openai", &cfg->openai, NULL },
+		{ "openai_responses", "openai_responses", "openai",
+		  &cfg->openai, NULL },
+		{ "gemini", "gemini", "gemini", &cfg->gemini, NULL },
+		{ "mistral", "mistral", "mistral", &cfg->mistral, NULL },
+	};
+
+	memset(z, 0, sizeof(*z));
+	if (histd_http_new(&z->http, &cfg->summarizer_http) != 0) {
+		histd_log(HISTD_LOG_ERROR, "cannot start the provider HTTP "
+			  "layer", "error", histd_error_message(), NULL);
+		return -1;
+	}
+	for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
+		summarizer_slot *sl = &z->slot[z->n++];
+		const histd_provider_config *c = slots[i].conf;
+		histd_provider_options o = { 0 };
+
+		*sl = slots[i];
+		if (!*c->model)
+			continue;
+		o.provider = sl->provider;
+		o.model = c->model;
+		o.base_url = c->base_url;
+		o.api_key_env = c->api_key_env;
+		o.prompt = c->prompt;
+		o.max_output_tokens = c->max_output_tokens;
+		o.timeout_ms = c->timeout_ms;
+		o.http = z->http;
+		if (histd_provider_summarizer_open(&o, &sl->s) != 0) {
+			/* The message names the variable, never the key. */
+			histd_log(HISTD_LOG_ERROR, "cannot open summarizer",
+				  "summarizer", sl->name,
+				  "error", histd_error_message(), NULL);
+			summarizers_free(z);
+			return -1;
+		}
+		histd_log(HISTD_LOG_INFO, "summarizer ready", "summarizer",
+			  sl->name, "model", c->model, NULL);
+	}
+	return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -50,6 +203,8 @@ main(int argc, char **argv)
 	histd_context *ctx = NULL;
 	histd_service *svc = NULL;
 	histd_server *srv = NULL;
+	summarizers sums = { 0 };
+	histd_summarizer_source src;
 	sigset_t sigs;
 	int rc, port = 0, mport = 0, sig = 0;
 	char portbuf[16];
@@ -99,6 +254,16 @@ main(int argc, char **argv)
 		histd_driver_set_notify(drv, histd_hub_notify, hub);
 		rc = histd_context_new(&ctx, drv, &cfg.context);
 	}
+	if (rc == 0 && summarizers_open(&sums, &cfg) != 0) {
+		rc = -1;
+		goto out;
+	}
+	if (rc == 0) {
+		src.exists = source_exists;
+		src.open = source_open;
+		src.arg = &sums;
+		histd_compaction_set_source(&src);
+	}
 	if (rc == 0) {
 		/* Compaction failures reach subscribers as plugin_error. */
 		histd_context_set_error_sink(ctx,
@@ -135,6 +300,10 @@ out:
 	histd_metrics_stop();
 	/* Before the hub (its error sink) and the driver (its workers). */
 	histd_context_free(ctx);
+	/* No compaction runs any more: the summarizers can go. */
+	histd_compaction_set_source(NULL);
+	if (sums.http)
+		summarizers_free(&sums);
 	if (hub)
 		histd_hub_free(hub);
 	histd_service_free(svc);

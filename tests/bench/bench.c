@@ -10,6 +10,12 @@
  *              the fill also gives the resident memory per stored message
  *   subscribe  100 Subscribe streams on one session, one appender at a
  *              steady rate: delivery latency against Append latency
+ *   context    (not in the default list) GetMessages view CONTEXT on a
+ *              10,000-message session with a pipeline and a summary,
+ *              against RAW last-20 on the same session
+ *   compaction (not in the default list) Append while automatic
+ *              compaction calls a provider stub (in this process) that
+ *              takes 2 s per call, against Append without compaction
  * null, append and get are measured in --rounds interleaved slices (each
  * with a warm-up), so that background load that comes and goes weighs on
  * all of them alike: their targets are ratios between them. The server's
@@ -33,6 +39,7 @@
 #include <grpc/grpc.h>
 
 #include "bench.h"
+#include "stub_provider.h"
 
 /* ---------------------------------------------------------------------
  * Options */
@@ -67,7 +74,8 @@ static void usage(FILE *f)
 "  --subscribers N       Subscribe streams on the fan-out session (100)\n"
 "  --rate N              fan-out appends per second (100)\n"
 "  --timeout SECONDS     per call (30)\n"
-"  --phases LIST         comma list of null,append,get,subscribe (all)\n"
+"  --phases LIST         comma list of null,append,get,subscribe,context,\n"
+"                        compaction (default: the first four)\n"
 "  --strict              exit 2 if a target is missed\n", f);
 }
 
@@ -135,7 +143,8 @@ int bench_phase_on(const struct options *o, const char *name)
 static int check_phases(const char *list)
 {
 	static const char *const known[] = { "null", "append", "get",
-					     "subscribe" };
+					     "subscribe", "context",
+					     "compaction" };
 	const char *p = list;
 
 	if (!*p)
@@ -151,7 +160,8 @@ static int check_phases(const char *list)
 				ok = 1;
 		if (!ok) {
 			fprintf(stderr, "histd-bench: --phases: unknown phase "
-				"'%.*s' (null, append, get, subscribe)\n",
+				"'%.*s' (null, append, get, subscribe, context, "
+				"compaction)\n",
 				(int)len, p);
 			return -1;
 		}
@@ -500,6 +510,30 @@ static int print_summary(const struct bench *b)
 		 "Append p99", o->subscribers);
 	misses += verdict(t, known, v <= 2.0, m);
 
+	if (bench_phase_on(o, "context")) {
+		const struct row *cr = &b->rows[R_CTX_RAW];
+		const struct row *cv = &b->rows[R_CTX_VIEW];
+
+		known = cr->ran && cv->ran && cr->tput > 0;
+		v = known ? cv->tput / cr->tput : 0;
+		snprintf(m, sizeof(m), "%.2fx (%.0f vs %.0f/s)", v, cv->tput,
+			 cr->tput);
+		misses += verdict("CONTEXT view (window+masking+summary) "
+				  "@10000 >= 0.7x RAW last-20", known,
+				  v >= 0.7, m);
+	}
+	if (bench_phase_on(o, "compaction")) {
+		const struct row *cb = &b->rows[R_CMP_BASE];
+		const struct row *ca = &b->rows[R_CMP_APPEND];
+
+		known = cb->ran && ca->ran && cb->p99 > 0 && b->stub_calls > 0;
+		v = known ? ca->p99 / cb->p99 : 0;
+		snprintf(m, sizeof(m), "%.2fx (%.0f vs %.0f us)", v, ca->p99,
+			 cb->p99);
+		misses += verdict("Append p99 during compaction (2 s stub) <= "
+				  "1.1x without", known, v <= 1.1, m);
+	}
+
 	known = b->mem.ran && b->mem.packed > 0;
 	v = 1.5 * (double)b->mem.packed + 128;
 	snprintf(m, sizeof(m), "%.0f B (limit %.0f B)", b->mem.per_message, v);
@@ -510,6 +544,36 @@ static int print_summary(const struct bench *b)
 
 /* ---------------------------------------------------------------------
  * main */
+
+/*
+ * The compaction phase's provider: a stub on loopback in this process, and
+ * the server flags that point histd's Anthropic summarizer at it (added
+ * to the --histd-arg list). The key only has to exist.
+ */
+static int start_provider_stub(struct bench *b)
+{
+	static const char *flags[] = {
+		"--anthropic-base-url", NULL, "--anthropic-model", "bench-stub",
+		"--compaction-workers", BENCH_COMPACTION_WORKERS,
+	};
+	size_t n = sizeof(flags) / sizeof(flags[0]);
+	const char **a;
+
+	if (!(b->stub = stub_start())) {
+		fprintf(stderr, "histd-bench: cannot start the provider stub\n");
+		return -1;
+	}
+	flags[1] = stub_url(b->stub);
+	a = realloc(b->o.histd_args, (b->o.n_histd_args + n) * sizeof(*a));
+	if (!a)
+		return -1;
+	memcpy(a + b->o.n_histd_args, flags, sizeof(flags));
+	b->o.histd_args = a;
+	b->o.n_histd_args += n;
+	if (!getenv("ANTHROPIC_API_KEY"))
+		setenv("ANTHROPIC_API_KEY", "histd-bench-stub", 1);
+	return 0;
+}
 
 static int connect_and_wait(struct bench *b)
 {
@@ -536,6 +600,9 @@ int main(int argc, char **argv)
 	/* A line at a time even into a pipe (make, ctest). */
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
+	if (b.o.histd && bench_phase_on(&b.o, "compaction") &&
+	    start_provider_stub(&b) != 0)
+		return 1;
 	if (b.o.histd) {
 		if (bench_server_start(&b.srv, b.o.histd, b.o.driver,
 				       b.o.server_threads, b.o.histd_args,
@@ -569,6 +636,10 @@ int main(int argc, char **argv)
 	bench_closed_phases(&b);
 	if (bench_phase_on(&b.o, "subscribe") && bench_server_alive(&b))
 		bench_subscribe_phase(&b);
+	if (bench_phase_on(&b.o, "context") && bench_server_alive(&b))
+		bench_context_phase(&b);
+	if (bench_phase_on(&b.o, "compaction") && bench_server_alive(&b))
+		bench_compaction_phase(&b);
 	bench_server_alive(&b);
 
 	print_table(&b);
@@ -591,6 +662,8 @@ out:
 	if (b.failed && b.srv.log_path[0] && b.srv.keep_log)
 		fprintf(stderr, "histd-bench: server log kept at %s\n",
 			b.srv.log_path);
+	if (b.stub)
+		stub_stop(b.stub);
 	free(b.text);
 	free(b.o.histd_args);
 	rc = b.failed ? 1 : (b.o.strict && misses ? 2 : 0);

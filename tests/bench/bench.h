@@ -61,6 +61,8 @@ struct row {
 
 enum row_id {
 	R_NULL, R_APPEND, R_GET_SHORT, R_GET_LONG, R_SUB_APPEND, R_SUB_DELIVERY,
+	R_CTX_RAW, R_CTX_VIEW,      /* context: RAW last-20 vs CONTEXT */
+	R_CMP_BASE, R_CMP_APPEND,   /* compaction: Append without / with */
 	R_COUNT
 };
 
@@ -82,6 +84,8 @@ struct bench {
 	struct row rows[R_COUNT];
 	struct memory mem;
 	int failed;              /* a call failed or a phase could not run */
+	struct stub *stub;       /* the provider stub (compaction phase) */
+	unsigned stub_calls;     /* provider calls during compaction slices */
 	int server_died;         /* our server exited during the run */
 };
 
@@ -106,5 +110,29 @@ void bench_closed_phases(struct bench *b);
 
 /* The Subscribe fan-out phase; fills R_SUB_APPEND and R_SUB_DELIVERY. */
 void bench_subscribe_phase(struct bench *b);
+
+/*
+ * The context phase: a 10,000-message session (tool calls and results
+ * among them) with the pipeline compaction, masking:keep_recent_results=3,
+ * window:max_messages=20 and a summary made by Reduce half-way through the
+ * fill; GetMessages view CONTEXT against RAW last_n=20 on the same
+ * session, in interleaved slices. Fills R_CTX_RAW and R_CTX_VIEW.
+ */
+void bench_context_phase(struct bench *b);
+
+/*
+ * The compaction phase: Append of one message per call on sessions whose
+ * compaction (summarizer=anthropic, auto_reduce_when=messages>=200) calls
+ * the provider stub, which takes 2 s per call, against Append on plain
+ * sessions, in interleaved slices with the compactions drained between.
+ * Needs b->stub (the server configured with its URL). Fills R_CMP_BASE
+ * and R_CMP_APPEND.
+ */
+void bench_compaction_phase(struct bench *b);
+
+/* Seconds one stub provider call takes in the compaction phase. */
+#define BENCH_STUB_DELAY_MS 2000
+/* Server flags the compaction phase needs (after the stub started). */
+#define BENCH_COMPACTION_WORKERS "4"
 
 #endif

@@ -25,6 +25,7 @@ const char *const bench_method_paths[BENCH_M_COUNT] = {
 	[BENCH_M_APPEND] = "/histd.v1.HistoryService/Append",
 	[BENCH_M_GET_MESSAGES] = "/histd.v1.HistoryService/GetMessages",
 	[BENCH_M_SUBSCRIBE] = "/histd.v1.HistoryService/Subscribe",
+	[BENCH_M_REDUCE] = "/histd.v1.HistoryService/Reduce",
 };
 
 struct bench_worker {

@@ -16,6 +16,7 @@
 
 #include "bench.h"
 #include "fanout.h"
+#include "stub_provider.h"
 
 #define GET_LAST_N 20
 
@@ -703,4 +704,429 @@ void bench_subscribe_phase(struct bench *b)
 		b->failed = 1;
 	bench_fanout_result_free(&res);
 	bench_fanout_close(f);
+}
+
+/* ---------------------------------------------------------------------
+ * Context pipeline: CONTEXT view against RAW last-20 */
+
+/* The session's pipeline for the context phase, in order. */
+struct plugin_spec {
+	const char *name;
+	const char *k1, *v1, *k2, *v2, *k3, *v3;
+};
+
+/* Creates `id` with a pipeline of n plugins (each up to three options). */
+static int create_session_pipeline(struct bench *b, const char *id,
+				   const struct plugin_spec *ps, size_t n)
+{
+	Histd__V1__CreateSessionRequest req =
+		HISTD__V1__CREATE_SESSION_REQUEST__INIT;
+	Histd__V1__SessionConfig cfg = HISTD__V1__SESSION_CONFIG__INIT;
+	Histd__V1__Pipeline pl = HISTD__V1__PIPELINE__INIT;
+	Histd__V1__PluginConfig pc[4];
+	Histd__V1__PluginConfig *pcs[4];
+	Histd__V1__PluginConfig__OptionsEntry oe[4][3];
+	Histd__V1__PluginConfig__OptionsEntry *oes[4][3];
+	grpc_status_code st;
+	char details[200];
+
+	if (n > 4)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		const char *kv[6] = { ps[i].k1, ps[i].v1, ps[i].k2, ps[i].v2,
+				      ps[i].k3, ps[i].v3 };
+
+		histd__v1__plugin_config__init(&pc[i]);
+		pc[i].name = (char *)ps[i].name;
+		for (size_t j = 0; j < 3 && kv[2 * j]; j++) {
+			histd__v1__plugin_config__options_entry__init(&oe[i][j]);
+			oe[i][j].key = (char *)kv[2 * j];
+			oe[i][j].value = (char *)kv[2 * j + 1];
+			oes[i][j] = &oe[i][j];
+			pc[i].n_options = j + 1;
+		}
+		pc[i].options = oes[i];
+		pcs[i] = &pc[i];
+	}
+	pl.plugins = pcs;
+	pl.n_plugins = n;
+	cfg.pipeline = &pl;
+	req.session_id = (char *)id;
+	req.config = &cfg;
+	if (bench_unary_sync(b->c, BENCH_M_CREATE_SESSION, &req.base,
+			     b->o.timeout_s, &st, details, sizeof(details),
+			     NULL, NULL) != 0)
+		return -1;
+	if (st != GRPC_STATUS_OK && st != GRPC_STATUS_ALREADY_EXISTS) {
+		fprintf(stderr, "histd-bench: CreateSession %s: status %d: %s\n",
+			id, st, details);
+		return -1;
+	}
+	return 0;
+}
+
+#define CTX_TURNS_PER_APPEND 50   /* 4 messages each: 200 per Append */
+
+/*
+ * Appends `turns` agent turns to `id`, each: a user text, an assistant
+ * tool_call, its tool_result (message_size bytes) and an assistant text.
+ * Call ids are numbered from *next_call.
+ */
+static int fill_turns(struct bench *b, const char *id, size_t turns,
+		      size_t *next_call)
+{
+	size_t per = CTX_TURNS_PER_APPEND;
+
+	for (size_t done = 0; done < turns; done += per) {
+		size_t n = turns - done < per ? turns - done : per;
+		Histd__V1__AppendRequest req = HISTD__V1__APPEND_REQUEST__INIT;
+		Histd__V1__Message *msgs = calloc(4 * n, sizeof(*msgs));
+		Histd__V1__Message **mp = calloc(4 * n, sizeof(*mp));
+		Histd__V1__ContentBlock *blk = calloc(5 * n, sizeof(*blk));
+		Histd__V1__ContentBlock **bp = calloc(5 * n, sizeof(*bp));
+		Histd__V1__TextBlock *txt = calloc(3 * n, sizeof(*txt));
+		Histd__V1__ToolCallBlock *calls = calloc(n, sizeof(*calls));
+		Histd__V1__ToolResultBlock *res = calloc(n, sizeof(*res));
+		char (*ids)[32] = calloc(n, sizeof(*ids));
+		grpc_status_code st;
+		char details[200];
+		int rc = 0;
+
+		if (!msgs || !mp || !blk || !bp || !txt || !calls || !res ||
+		    !ids) {
+			fprintf(stderr, "histd-bench: out of memory\n");
+			exit(1);
+		}
+		for (size_t t = 0; t < n; t++) {
+			Histd__V1__Message *m = &msgs[4 * t];
+			Histd__V1__ContentBlock *bl = &blk[5 * t];
+			Histd__V1__ContentBlock **bb = &bp[5 * t];
+			Histd__V1__TextBlock *tx = &txt[3 * t];
+
+			snprintf(ids[t], sizeof(ids[t]), "call_%zu",
+				 (*next_call)++);
+			for (int k = 0; k < 5; k++) {
+				histd__v1__content_block__init(&bl[k]);
+				bb[k] = &bl[k];
+			}
+			for (int k = 0; k < 3; k++)
+				histd__v1__text_block__init(&tx[k]);
+			for (int k = 0; k < 4; k++) {
+				histd__v1__message__init(&m[k]);
+				mp[4 * t + k] = &m[k];
+				m[k].n_content = 1;
+			}
+			/* user asks */
+			tx[0].text = "Look up the next record and report it.";
+			bl[0].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+			bl[0].text = &tx[0];
+			m[0].role = HISTD__V1__ROLE__ROLE_USER;
+			m[0].content = &bb[0];
+			/* assistant calls */
+			histd__v1__tool_call_block__init(&calls[t]);
+			calls[t].id = ids[t];
+			calls[t].name = "lookup";
+			calls[t].arguments = "{\"table\":\"records\",\"next\":true}";
+			bl[1].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL;
+			bl[1].tool_call = &calls[t];
+			m[1].role = HISTD__V1__ROLE__ROLE_ASSISTANT;
+			m[1].content = &bb[1];
+			/* the tool answers with message_size bytes */
+			tx[1].text = b->text;
+			bl[2].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+			bl[2].text = &tx[1];
+			histd__v1__tool_result_block__init(&res[t]);
+			res[t].tool_call_id = ids[t];
+			res[t].tool_name = "lookup";
+			res[t].n_content = 1;
+			res[t].content = &bb[2];
+			bl[3].block_case =
+				HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT;
+			bl[3].tool_result = &res[t];
+			m[2].role = HISTD__V1__ROLE__ROLE_TOOL;
+			m[2].content = &bb[3];
+			/* assistant reports */
+			tx[2].text = "The record is there; nothing unusual.";
+			bl[4].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+			bl[4].text = &tx[2];
+			m[3].role = HISTD__V1__ROLE__ROLE_ASSISTANT;
+			m[3].content = &bb[4];
+		}
+		req.session_id = (char *)id;
+		req.n_messages = 4 * n;
+		req.messages = mp;
+		if (bench_unary_sync(b->c, BENCH_M_APPEND, &req.base,
+				     b->o.timeout_s + 60, &st, details,
+				     sizeof(details), NULL, NULL) != 0 ||
+		    st != GRPC_STATUS_OK) {
+			fprintf(stderr, "histd-bench: filling %s: Append "
+				"failed: status %d: %s\n", id, st, details);
+			rc = -1;
+		}
+		free(msgs);
+		free(mp);
+		free(blk);
+		free(bp);
+		free(txt);
+		free(calls);
+		free(res);
+		free(ids);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* Reduce now (no bounds: the compaction's own policy). */
+static int reduce_session(struct bench *b, const char *id)
+{
+	Histd__V1__ReduceRequest req = HISTD__V1__REDUCE_REQUEST__INIT;
+	grpc_status_code st;
+	char details[200];
+
+	req.session_id = (char *)id;
+	if (bench_unary_sync(b->c, BENCH_M_REDUCE, &req.base,
+			     b->o.timeout_s + 60, &st, details,
+			     sizeof(details), NULL, NULL) != 0 ||
+	    st != GRPC_STATUS_OK) {
+		fprintf(stderr, "histd-bench: Reduce %s: status %d: %s\n", id,
+			st, details);
+		return -1;
+	}
+	return 0;
+}
+
+/* Reads the CONTEXT view once: its size, and whether it starts with the
+ * summary. */
+static int probe_context(struct bench *b, const char *id, size_t *n,
+			 int *has_summary)
+{
+	Histd__V1__GetMessagesRequest req = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
+	Histd__V1__GetMessagesResponse *r;
+	grpc_status_code st;
+	char details[200];
+	uint8_t *resp = NULL;
+	size_t len = 0;
+
+	req.session_id = (char *)id;
+	req.view = HISTD__V1__VIEW__VIEW_CONTEXT;
+	if (bench_unary_sync(b->c, BENCH_M_GET_MESSAGES, &req.base,
+			     b->o.timeout_s, &st, details, sizeof(details),
+			     &resp, &len) != 0 || st != GRPC_STATUS_OK) {
+		fprintf(stderr, "histd-bench: GetMessages CONTEXT %s: status "
+			"%d: %s\n", id, st, details);
+		free(resp);
+		return -1;
+	}
+	r = resp ? histd__v1__get_messages_response__unpack(NULL, len, resp)
+		 : NULL;
+	free(resp);
+	if (!r)
+		return -1;
+	*n = r->n_messages;
+	*has_summary = r->summary != NULL;
+	histd__v1__get_messages_response__free_unpacked(r, NULL);
+	return 0;
+}
+
+#define CTX_MESSAGES 10000
+
+void bench_context_phase(struct bench *b)
+{
+	static const struct plugin_spec pipeline[] = {
+		{ "compaction", "keep_recent", "10", NULL, NULL, NULL, NULL },
+		{ "masking", "keep_recent_results", "3", NULL, NULL, NULL,
+		  NULL },
+		{ "window", "max_messages", "20", NULL, NULL, NULL, NULL },
+	};
+	struct closed cls[2] = {
+		{ .row = R_CTX_RAW, .method = BENCH_M_GET_MESSAGES },
+		{ .row = R_CTX_VIEW, .method = BENCH_M_GET_MESSAGES },
+	};
+	Histd__V1__GetMessagesRequest ctx = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
+	size_t rounds = b->o.rounds ? b->o.rounds : 1, next_call = 0, n = 0;
+	size_t half = CTX_MESSAGES / 8;   /* turns: 4 messages each */
+	int has_summary = 0;
+	char id[96];
+
+	session_id(b, id, sizeof(id), "context", CTX_MESSAGES);
+	snprintf(b->rows[R_CTX_RAW].name, sizeof(b->rows[0].name),
+		 "context: RAW last20 @%d", CTX_MESSAGES);
+	snprintf(b->rows[R_CTX_VIEW].name, sizeof(b->rows[0].name),
+		 "context: CONTEXT view @%d", CTX_MESSAGES);
+	fprintf(stderr, "histd-bench: context: filling %d messages, Reduce "
+		"half-way ...\n", CTX_MESSAGES);
+	if (create_session_pipeline(b, id, pipeline, 3) != 0 ||
+	    fill_turns(b, id, half, &next_call) != 0 ||
+	    reduce_session(b, id) != 0 ||
+	    fill_turns(b, id, half, &next_call) != 0 ||
+	    probe_context(b, id, &n, &has_summary) != 0) {
+		note(&b->rows[R_CTX_VIEW], "could not prepare (see stderr)");
+		b->failed = 1;
+		return;
+	}
+	if (!has_summary)
+		note(&b->rows[R_CTX_VIEW], "the view has no summary");
+	note(&b->rows[R_CTX_VIEW], "%zu messages per view (system + summary "
+	     "+ window 20, results masked)", n);
+	cls[0].reqs = calloc(1, sizeof(grpc_slice));
+	cls[1].reqs = calloc(1, sizeof(grpc_slice));
+	if (!cls[0].reqs || !cls[1].reqs) {
+		fprintf(stderr, "histd-bench: out of memory\n");
+		exit(1);
+	}
+	cls[0].reqs[0] = get_last_request(id, GET_LAST_N);
+	ctx.session_id = id;
+	ctx.view = HISTD__V1__VIEW__VIEW_CONTEXT;
+	cls[1].reqs[0] = bench_pack(&ctx.base);
+	cls[0].n_reqs = cls[1].n_reqs = 1;
+	cls[0].ready = cls[1].ready = 1;
+	for (size_t r = 0; r < rounds; r++)
+		for (size_t i = 0; i < 2; i++) {
+			uint64_t count = 0;
+
+			if (!cls[i].ready || !bench_server_alive(b))
+				continue;
+			if (b->o.count) {
+				count = b->o.count / rounds +
+					(r < b->o.count % rounds ? 1 : 0);
+				if (count == 0)
+					continue;
+			}
+			if (r == 0)
+				fprintf(stderr, "histd-bench: %s ...\n",
+					b->rows[cls[i].row].name);
+			closed_slice(b, &cls[i], count,
+				     b->o.duration_s / (double)rounds);
+		}
+	for (size_t i = 0; i < 2; i++) {
+		closed_finish(b, &cls[i]);
+		closed_free(&cls[i]);
+	}
+}
+
+/* ---------------------------------------------------------------------
+ * Append while compaction runs against a slow provider */
+
+/* Waits until the stub has had no new request for longer than one call
+ * takes (compactions queued in the server are done), at most max_s. */
+static void drain_compactions(struct bench *b, double max_s)
+{
+	uint64_t until = bench_now_ns() + (uint64_t)(max_s * 1e9);
+	uint64_t quiet = (uint64_t)(BENCH_STUB_DELAY_MS + 700) * 1000000;
+	unsigned last = stub_requests(b->stub);
+	uint64_t since = bench_now_ns();
+
+	while (bench_now_ns() < until) {
+		unsigned now = stub_requests(b->stub);
+
+		if (now != last) {
+			last = now;
+			since = bench_now_ns();
+		} else if (bench_now_ns() - since >= quiet) {
+			return;
+		}
+		usleep(100000);
+	}
+}
+
+void bench_compaction_phase(struct bench *b)
+{
+	static const struct plugin_spec pipeline[] = {
+		{ "compaction", "summarizer", "anthropic", "keep_recent", "10",
+		  "auto_reduce_when", "messages>=200" },
+	};
+	struct closed cls[2] = {
+		{ .row = R_CMP_BASE, .method = BENCH_M_APPEND },
+		{ .row = R_CMP_APPEND, .method = BENCH_M_APPEND },
+	};
+	size_t rounds = b->o.rounds ? b->o.rounds : 1;
+	size_t n = b->o.concurrency;
+	double slice = b->o.duration_s / (double)rounds;
+	unsigned calls = 0;
+	char id[96];
+
+	snprintf(b->rows[R_CMP_BASE].name, sizeof(b->rows[0].name),
+		 "compaction: Append, none");
+	snprintf(b->rows[R_CMP_APPEND].name, sizeof(b->rows[0].name),
+		 "compaction: Append, running");
+	if (!b->stub) {
+		note(&b->rows[R_CMP_APPEND], "needs the provider stub (a "
+		     "server started by histd-bench)");
+		return;
+	}
+	for (size_t i = 0; i < 2; i++) {
+		cls[i].reqs = calloc(n, sizeof(grpc_slice));
+		if (!cls[i].reqs) {
+			fprintf(stderr, "histd-bench: out of memory\n");
+			exit(1);
+		}
+	}
+	for (size_t i = 0; i < n; i++) {
+		session_id(b, id, sizeof(id), "cmp-none", i);
+		if (create_session(b, id) != 0)
+			goto fail;
+		cls[0].reqs[cls[0].n_reqs++] = append_request(b, id, 1);
+		session_id(b, id, sizeof(id), "cmp-auto", i);
+		if (create_session_pipeline(b, id, pipeline, 1) != 0)
+			goto fail;
+		cls[1].reqs[cls[1].n_reqs++] = append_request(b, id, 1);
+	}
+	cls[0].ready = cls[1].ready = 1;
+	for (size_t r = 0; r < rounds; r++)
+		for (size_t i = 0; i < 2; i++) {
+			uint64_t count = 0;
+			unsigned before;
+
+			if (!cls[i].ready || !bench_server_alive(b))
+				continue;
+			if (b->o.count) {
+				count = b->o.count / rounds +
+					(r < b->o.count % rounds ? 1 : 0);
+				if (count == 0)
+					continue;
+			}
+			if (r == 0)
+				fprintf(stderr, "histd-bench: %s ...\n",
+					b->rows[cls[i].row].name);
+			if (i == 1) {
+				/* Every provider call of the slice and of
+				 * the drain after it takes the delay. */
+				stub_reply slow = {
+					.retry_after = -1,
+					.delay_ms = BENCH_STUB_DELAY_MS,
+				};
+				size_t k = (size_t)((slice + b->o.warmup_s +
+						     30) / 2) * 4 + 16;
+
+				while (k--)
+					stub_push(b->stub, slow);
+			}
+			before = stub_requests(b->stub);
+			closed_slice(b, &cls[i], count, slice);
+			if (i == 1) {
+				calls += stub_requests(b->stub) - before;
+				/* No compaction left running into the next
+				 * baseline slice. */
+				drain_compactions(b, 60);
+			}
+		}
+	b->stub_calls = calls;
+	note(&b->rows[R_CMP_APPEND], "%u provider calls started during the "
+	     "slices, %d ms each, %s compaction workers", calls,
+	     BENCH_STUB_DELAY_MS, BENCH_COMPACTION_WORKERS);
+	if (calls == 0) {
+		note(&b->rows[R_CMP_APPEND], "no compaction ran");
+		b->failed = 1;
+	}
+	for (size_t i = 0; i < 2; i++) {
+		closed_finish(b, &cls[i]);
+		closed_free(&cls[i]);
+	}
+	return;
+fail:
+	note(&b->rows[R_CMP_APPEND], "could not prepare (see stderr)");
+	b->failed = 1;
+	for (size_t i = 0; i < 2; i++)
+		closed_free(&cls[i]);
 }

@@ -1,0 +1,401 @@
+/*
+ * Compaction through the provider summarizers, end to end: the real histd
+ * binary, configured with every provider's base URL pointing at the stub
+ * provider (stub_provider.h), and sessions whose compaction plugin names
+ * a provider summarizer. Reduce must store the stub's text, model and
+ * usage on the Summary; a provider failure must leave history unchanged
+ * and reach a subscriber as a plugin_error event; a provider that is not
+ * configured must fail with a message naming what to set.
+ *
+ * argv[1] is the histd binary (the integration harness, harness.h).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "stub_provider.h"
+
+static stub *provider;
+static histd_proc *server;
+static histd_client *client;
+
+static int
+setup(void **state)
+{
+	const char *url;
+
+	(void)state;
+	if (!(provider = stub_start()))
+		return -1;
+	url = stub_url(provider);
+	/* The keys only have to exist; the stub never checks them. */
+	setenv("ANTHROPIC_API_KEY", "test-anthropic-key", 1);
+	setenv("OPENAI_API_KEY", "test-openai-key", 1);
+	setenv("GEMINI_API_KEY", "test-gemini-key", 1);
+	setenv("MISTRAL_API_KEY", "test-mistral-key", 1);
+	{
+		const char *extra[] = {
+			"--anthropic-base-url", url,
+			"--anthropic-model", "claude-test",
+			"--openai-base-url", url,
+			"--openai-model", "gpt-test",
+			"--gemini-base-url", url,
+			"--gemini-model", "gemini-test",
+			"--mistral-base-url", url,
+			"--mistral-model", "mistral-test",
+			/* A 500 fails the call at once: no retries. */
+			"--summarizer-max-retries", "0",
+			NULL };
+
+		if (harness_start(&server, extra))
+			return -1;
+	}
+	client = harness_client(server);
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	int rc;
+
+	(void)state;
+	histd_client_close(client);
+	client = NULL;
+	rc = harness_stop(server);
+	server = NULL;
+	stub_stop(provider);
+	provider = NULL;
+	return rc;
+}
+
+/* A session whose pipeline is compaction with the given summarizer,
+ * keeping the last 2 messages verbatim. */
+static void
+create(tarena *a, const char *id, const char *summarizer)
+{
+	Histd__V1__CreateSessionRequest *r = ta_alloc(a, sizeof(*r));
+	Histd__V1__SessionConfig *c = ta_alloc(a, sizeof(*c));
+	Histd__V1__Pipeline *pl = ta_alloc(a, sizeof(*pl));
+	Histd__V1__PluginConfig *pc = ta_alloc(a, sizeof(*pc));
+	Histd__V1__PluginConfig **pcs = ta_alloc(a, sizeof(*pcs));
+	void **opts = ta_alloc(a, 2 * sizeof(void *));
+	Histd__V1__Session *out = NULL;
+	histd_status st;
+
+	histd__v1__create_session_request__init(r);
+	histd__v1__session_config__init(c);
+	histd__v1__pipeline__init(pl);
+	histd__v1__plugin_config__init(pc);
+	r->session_id = ta_strdup(a, id);
+	pc->name = "compaction";
+	opts[0] = tm_entry(a, &histd__v1__plugin_config__options_entry__descriptor,
+			   "summarizer", summarizer);
+	opts[1] = tm_entry(a, &histd__v1__plugin_config__options_entry__descriptor,
+			   "keep_recent", "2");
+	pc->options = (Histd__V1__PluginConfig__OptionsEntry **)opts;
+	pc->n_options = 2;
+	pcs[0] = pc;
+	pl->plugins = pcs;
+	pl->n_plugins = 1;
+	c->pipeline = pl;
+	r->config = c;
+	histd_status_init(&st);
+	t_call(client, "CreateSession", r, &histd__v1__session__descriptor,
+	       &out, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_client_message_free((ProtobufCMessage *)out);
+	histd_status_reset(&st);
+}
+
+static void
+append(tarena *a, const char *id, Histd__V1__Message *m)
+{
+	Histd__V1__AppendRequest *r = ta_alloc(a, sizeof(*r));
+	Histd__V1__Message **mm = ta_alloc(a, sizeof(*mm));
+	Histd__V1__AppendResponse *out = NULL;
+	histd_status st;
+
+	histd__v1__append_request__init(r);
+	r->session_id = ta_strdup(a, id);
+	mm[0] = m;
+	r->messages = mm;
+	r->n_messages = 1;
+	histd_status_init(&st);
+	t_call(client, "Append", r, &histd__v1__append_response__descriptor,
+	       &out, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_client_message_free((ProtobufCMessage *)out);
+	histd_status_reset(&st);
+}
+
+/* A system message, then three turns with a tool call each: 13 messages. */
+static void
+fill(tarena *a, const char *id)
+{
+	append(a, id, tm_text(a, HISTD__V1__ROLE__ROLE_SYSTEM, "Be brief."));
+	for (int i = 0; i < 3; i++) {
+		char *call = ta_printf(a, "call_%d", i);
+
+		append(a, id, tm_text(a, HISTD__V1__ROLE__ROLE_USER,
+				      ta_printf(a, "Look up item %d.", i)));
+		append(a, id, tm_tool_call(a, call, "lookup",
+					   ta_printf(a, "{\"item\":%d}", i)));
+		append(a, id, tm_tool_result(a, call, "lookup", "found it"));
+		append(a, id, tm_text(a, HISTD__V1__ROLE__ROLE_ASSISTANT,
+				      ta_printf(a, "Item %d is there.", i)));
+	}
+}
+
+/* Reduce with no bounds; the status code, *out the response when OK. */
+static grpc_status_code
+reduce(const char *id, Histd__V1__ReduceResponse **out, char **details)
+{
+	Histd__V1__ReduceRequest r;
+	histd_status st;
+	grpc_status_code code;
+
+	histd__v1__reduce_request__init(&r);
+	r.session_id = (char *)id;
+	*out = NULL;
+	histd_status_init(&st);
+	t_call(client, "Reduce", &r, &histd__v1__reduce_response__descriptor,
+	       out, &st);
+	code = st.code;
+	if (details)
+		*details = strdup(st.details ? st.details : "");
+	histd_status_reset(&st);
+	return code;
+}
+
+/* One Reduce through a summarizer; checks what the stub answered ended
+ * up on the Summary, and that the request went to the format's path. */
+static void
+reduce_through(const char *summarizer, const char *path, const char *model)
+{
+	tarena *a = ta_new();
+	char *id = ta_printf(a, "sum-%s", summarizer);
+	Histd__V1__ReduceResponse *rr;
+	Histd__V1__GetMessagesResponse *g;
+	Histd__V1__GetMessagesRequest *gr = ta_alloc(a, sizeof(*gr));
+	histd_status st;
+	char *last;
+
+	create(a, id, summarizer);
+	fill(a, id);
+	assert_int_equal(reduce(id, &rr, NULL), GRPC_STATUS_OK);
+	assert_non_null(rr->summary);
+	assert_string_equal(rr->summary->text, "stub summary");
+	assert_string_equal(rr->summary->model, model);
+	assert_int_equal(rr->summary->input_tokens, 11);
+	assert_int_equal(rr->summary->output_tokens, 7);
+	/* The tail (the last turn's result and answer) stays verbatim. */
+	assert_true(rr->summary->covers_to_seq >= 2);
+	assert_true(rr->summary->covers_to_seq <= 11);
+	last = stub_last_path(provider);
+	assert_non_null(last);
+	assert_memory_equal(last, path, strlen(path));
+	free(last);
+	histd_client_message_free((ProtobufCMessage *)rr);
+
+	/* The CONTEXT view starts with the summary. */
+	histd__v1__get_messages_request__init(gr);
+	gr->session_id = id;
+	gr->view = HISTD__V1__VIEW__VIEW_CONTEXT;
+	g = NULL;
+	histd_status_init(&st);
+	t_call(client, "GetMessages", gr,
+	       &histd__v1__get_messages_response__descriptor, &g, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_status_reset(&st);
+	assert_non_null(g->summary);
+	assert_string_equal(g->summary->model, model);
+	assert_string_equal(tm_first_text(g->messages[0]), "Be brief.");
+	assert_string_equal(tm_first_text(g->messages[1]),
+			    "[Earlier conversation summary: stub summary]");
+	histd_client_message_free((ProtobufCMessage *)g);
+	ta_free(a);
+}
+
+static void
+anthropic_reduce_records_the_stub_summary_model_and_usage(void **state)
+{
+	(void)state;
+	reduce_through("anthropic", "/v1/messages", "claude-stub");
+}
+
+static void
+openai_chat_reduce_records_the_stub_summary_model_and_usage(void **state)
+{
+	(void)state;
+	reduce_through("openai_chat", "/v1/chat/completions", "chat-stub");
+}
+
+static void
+openai_responses_reduce_records_the_stub_summary_model_and_usage(void **state)
+{
+	(void)state;
+	reduce_through("openai_responses", "/v1/responses", "responses-stub");
+}
+
+static void
+gemini_reduce_records_the_stub_summary_model_and_usage(void **state)
+{
+	(void)state;
+	reduce_through("gemini", "/v1beta/models/gemini-test:generateContent",
+		       "gemini-stub");
+}
+
+static void
+mistral_reduce_records_the_stub_summary_model_and_usage(void **state)
+{
+	(void)state;
+	reduce_through("mistral", "/v1/chat/completions", "chat-stub");
+}
+
+static void
+a_provider_500_leaves_history_unchanged_and_reports_plugin_error(void **state)
+{
+	tarena *a = ta_new();
+	Histd__V1__ReduceResponse *rr;
+	Histd__V1__GetMessagesResponse *raw;
+	Histd__V1__Session *before, *after;
+	Histd__V1__HistoryEvent *ev;
+	histd_client_stream *s;
+	stub_reply fail = { .status = 500, .retry_after = -1,
+			    .body = "{\"error\":{\"message\":\"overloaded\"}}" };
+	int res, got_error = 0;
+
+	(void)state;
+	create(a, "fail1", "anthropic");
+	fill(a, "fail1");
+	before = t_get_session(client, "fail1");
+	s = t_subscribe(client, "fail1", 13);
+	stub_push(provider, fail);
+	assert_int_equal(reduce("fail1", &rr, NULL), GRPC_STATUS_UNAVAILABLE);
+	histd_client_message_free((ProtobufCMessage *)rr);
+	while ((ev = t_next_event(s, 10000, &res))) {
+		if (ev->event_case ==
+		    HISTD__V1__HISTORY_EVENT__EVENT_PLUGIN_ERROR) {
+			assert_string_equal(ev->plugin_error->plugin,
+					    "compaction");
+			assert_true(ev->plugin_error->message[0] != '\0');
+			/* Never the conversation text. */
+			assert_null(strstr(ev->plugin_error->message, "item"));
+			got_error = 1;
+		}
+		assert_int_not_equal(ev->event_case,
+				     HISTD__V1__HISTORY_EVENT__EVENT_REDUCED);
+		histd_client_message_free((ProtobufCMessage *)ev);
+		if (got_error)
+			break;
+	}
+	assert_true(got_error);
+	histd_client_stream_cancel(s);
+	histd_client_stream_close(s);
+
+	after = t_get_session(client, "fail1");
+	assert_int_equal(after->revision, before->revision);
+	raw = t_get_raw(client, "fail1", 0, 100);
+	assert_int_equal(raw->n_messages, 13);
+	assert_null(raw->summary);
+	histd_client_message_free((ProtobufCMessage *)raw);
+	histd_client_message_free((ProtobufCMessage *)before);
+	histd_client_message_free((ProtobufCMessage *)after);
+
+	/* The provider is back: the same session compacts. */
+	assert_int_equal(reduce("fail1", &rr, NULL), GRPC_STATUS_OK);
+	assert_string_equal(rr->summary->model, "claude-stub");
+	histd_client_message_free((ProtobufCMessage *)rr);
+	ta_free(a);
+}
+
+static void
+an_unconfigured_provider_fails_naming_its_key_variable(void **state)
+{
+	tarena *a = ta_new();
+	Histd__V1__ReduceResponse *rr;
+	histd_proc *bare;
+	histd_client *saved = client;
+	char *details = NULL;
+	/* No model: not configured. The key variable is unset on purpose,
+	 * and start-up must not mind. */
+	const char *extra[] = { "--gemini-api-key-env",
+				"HISTD_TEST_UNSET_GEMINI_KEY", NULL };
+
+	(void)state;
+	unsetenv("HISTD_TEST_UNSET_GEMINI_KEY");
+	assert_int_equal(harness_start(&bare, extra), 0);
+	client = harness_client(bare);
+	create(a, "bare1", "gemini");
+	fill(a, "bare1");
+	assert_int_equal(reduce("bare1", &rr, &details),
+			 GRPC_STATUS_FAILED_PRECONDITION);
+	histd_client_message_free((ProtobufCMessage *)rr);
+	assert_non_null(strstr(details, "gemini-model"));
+	assert_non_null(strstr(details, "HISTD_TEST_UNSET_GEMINI_KEY"));
+	free(details);
+	histd_client_close(client);
+	client = saved;
+	assert_int_equal(harness_stop(bare), 0);
+	ta_free(a);
+}
+
+static void
+the_server_log_never_holds_an_api_key(void **state)
+{
+	char path[256], buf[4096];
+	FILE *f;
+	size_t n;
+
+	(void)state;
+	snprintf(path, sizeof(path), "%s/histd.log", server->dir);
+	assert_non_null(f = fopen(path, "r"));
+	/* Keys are short and the log small: scan it in overlapping reads. */
+	while ((n = fread(buf, 1, sizeof(buf) - 1, f)) > 0) {
+		buf[n] = '\0';
+		assert_null(strstr(buf, "test-anthropic-key"));
+		assert_null(strstr(buf, "test-openai-key"));
+		assert_null(strstr(buf, "test-gemini-key"));
+		assert_null(strstr(buf, "test-mistral-key"));
+		if (n == sizeof(buf) - 1)
+			fseek(f, -32, SEEK_CUR);
+		else
+			break;
+	}
+	fclose(f);
+}
+
+int
+main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(
+			anthropic_reduce_records_the_stub_summary_model_and_usage),
+		cmocka_unit_test(
+			openai_chat_reduce_records_the_stub_summary_model_and_usage),
+		cmocka_unit_test(
+			openai_responses_reduce_records_the_stub_summary_model_and_usage),
+		cmocka_unit_test(
+			gemini_reduce_records_the_stub_summary_model_and_usage),
+		cmocka_unit_test(
+			mistral_reduce_records_the_stub_summary_model_and_usage),
+		cmocka_unit_test(
+			a_provider_500_leaves_history_unchanged_and_reports_plugin_error),
+		cmocka_unit_test(
+			an_unconfigured_provider_fails_naming_its_key_variable),
+		cmocka_unit_test(the_server_log_never_holds_an_api_key),
+	};
+
+	if (harness_init(argc, argv))
+		return 1;
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
