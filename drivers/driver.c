@@ -129,6 +129,13 @@ histd_driver_validate(const histd_driver *d)
 			return histd_error_set(HISTD_EINVALID,
 					       "driver '%s': callback '%s' is missing",
 					       name, req[i].name);
+	/* Version 2 members (search, embedding_put) are optional, and not
+	 * read at all in a version 1 struct, which may be shorter. A vector
+	 * store without a search to query it is half a pair. */
+	if (d->version >= 2 && d->embedding_put && !d->search)
+		return histd_error_set(HISTD_EINVALID,
+				       "driver '%s': embedding_put is set without search",
+				       name);
 	return 0;
 }
 
@@ -607,6 +614,88 @@ histd_driver_ping(histd_driver *d)
 	return d->ping ? OBSERVED("ping", d->ping(d)) : 0;
 }
 
+int
+histd_driver_can_search(const histd_driver *d)
+{
+	return d && d->version >= 2 && d->search != NULL;
+}
+
+/* A search query every driver can take as it is. */
+static int
+check_search(const histd_search_query *q)
+{
+	int rc;
+
+	if ((rc = check_str(q->tenant, "tenant")) ||
+	    (rc = check_kv(q->labels, q->n_labels, "label_selector")))
+		return rc;
+	if (q->n_session_ids && !q->session_ids)
+		return histd_error_set(HISTD_EINVALID,
+				       "session ids are NULL with %zu ids",
+				       q->n_session_ids);
+	for (size_t i = 0; i < q->n_session_ids; i++)
+		if ((rc = check_str(q->session_ids[i], "session id")))
+			return rc;
+	if (q->k < 1 || q->k > HISTD_SEARCH_K_MAX)
+		return histd_error_set(HISTD_EINVALID, "k must be 1..%d",
+				       HISTD_SEARCH_K_MAX);
+	switch (q->mode) {
+	case HISTD_SEARCH_LEXICAL:
+		return check_str(q->text, "query");
+	case HISTD_SEARCH_SEMANTIC:
+		if (!q->vector || q->dim == 0)
+			return histd_error_set(HISTD_EINVALID,
+					       "the query vector is empty");
+		return check_str(q->model, "embedding model");
+	}
+	return histd_error_set(HISTD_EINVALID, "unknown search mode %d",
+			       (int)q->mode);
+}
+
+int
+histd_driver_search(histd_driver *d, const histd_search_query *q,
+		    histd_search_result *out)
+{
+	histd_search_result r = { 0 };
+	int rc;
+
+	if (!d)
+		return histd_error_set(HISTD_EINVALID, "driver is NULL");
+	if (!q || !out)
+		return histd_error_set(HISTD_EINVALID, "search query or result is NULL");
+	if ((rc = check_search(q)))
+		return rc;
+	if (!histd_driver_can_search(d))
+		return histd_error_set(HISTD_EUNIMPL, "the driver cannot search");
+	rc = OBSERVED("search", d->search(d, q, &r));
+	if (rc == 0)
+		*out = r;
+	else
+		histd_search_result_clear(&r);
+	return rc;
+}
+
+int
+histd_driver_embedding_put(histd_driver *d, const char *tenant,
+			   const char *id, uint64_t seq, const char *model,
+			   const float *v, uint32_t dim)
+{
+	int rc;
+
+	if ((rc = check_names(d, tenant, id)) ||
+	    (rc = check_str(model, "embedding model")))
+		return rc;
+	if (!v || dim == 0)
+		return histd_error_set(HISTD_EINVALID, "the embedding is empty");
+	if (seq == 0)
+		return histd_error_set(HISTD_EINVALID, "seq must be at least 1");
+	if (d->version < 2 || !d->embedding_put)
+		return histd_error_set(HISTD_EUNIMPL,
+				       "the driver cannot store embeddings");
+	return OBSERVED("embedding_put",
+			d->embedding_put(d, tenant, id, seq, model, v, dim));
+}
+
 void
 histd_driver_close(histd_driver *d)
 {
@@ -853,4 +942,42 @@ histd_read_result_clear(histd_read_result *r)
 	histd_records_clear(&r->records);
 	histd_session_free(r->session);
 	memset(r, 0, sizeof(*r));
+}
+
+void
+histd_search_result_clear(histd_search_result *r)
+{
+	if (!r)
+		return;
+	for (size_t i = 0; i < r->n; i++)
+		free(r->hits[i].session_id);
+	free(r->hits);
+	histd_records_clear(&r->records);
+	memset(r, 0, sizeof(*r));
+}
+
+int
+histd_search_result_add(histd_search_result *r, const char *session_id,
+			double score, uint64_t seq, uint32_t token_estimate,
+			const uint8_t *data, size_t len)
+{
+	histd_search_hit *v = r->hits;
+	char *id;
+
+	/* hits grows with records; both by one here. */
+	if ((r->n & (r->n - 1)) == 0 || r->n < 4) {
+		size_t cap = r->n < 4 ? 4 : r->n * 2;
+
+		if (!(v = realloc(r->hits, cap * sizeof(*v))))
+			return histd_error_set(HISTD_ENOMEM, "out of memory");
+		r->hits = v;
+	}
+	if (!(id = strdup(session_id)))
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	if (histd_records_add(&r->records, seq, token_estimate, data, len)) {
+		free(id);
+		return HISTD_ENOMEM;
+	}
+	r->hits[r->n++] = (histd_search_hit){ .session_id = id, .score = score };
+	return 0;
 }

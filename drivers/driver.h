@@ -33,6 +33,8 @@
  * histd_wire.h); the server tells the driver, beside the bytes, the token
  * estimate and the tool call ids a message issues and answers. Session
  * config is stored as opaque packed Histd__V1__SessionConfig bytes.
+ * Search is the one exception: to find words, a driver reads the text of
+ * the messages it holds (drivers/index/ does it for in-process drivers).
  *
  * Revisions: a session is created at revision 1; every successful write to
  * it (append, update, clear, replace, summary put) adds exactly 1.
@@ -49,7 +51,9 @@
 
 #include "histd_error.h"
 
-#define HISTD_DRIVER_VERSION 1
+/* 2 added search and embedding_put (optional). A version 1 driver stays
+ * valid: its search wrappers answer EUNIMPL. */
+#define HISTD_DRIVER_VERSION 2
 
 /* ---------------------------------------------------------------------- */
 /* Values passed to and from drivers                                       */
@@ -230,6 +234,67 @@ typedef struct histd_change {
 typedef void (*histd_change_fn)(void *ctx, const histd_change *change);
 
 /* ---------------------------------------------------------------------- */
+/* Search (version 2)                                                      */
+
+enum histd_search_mode {
+	HISTD_SEARCH_LEXICAL = 1,   /* BM25 over the words of the messages */
+	HISTD_SEARCH_SEMANTIC = 2,  /* cosine of stored embedding vectors */
+};
+
+/* The most hits one search returns. */
+#define HISTD_SEARCH_K_MAX 100
+
+/*
+ * One search. Scope, the first that applies: session_ids (n_session_ids >=
+ * 1: exactly these sessions of the tenant; ids that do not exist are
+ * ignored); labels (n_labels >= 1: the tenant's sessions whose labels
+ * include every pair, sorted by key as in histd_list); else every session
+ * of the tenant.
+ *
+ * What a message offers to LEXICAL search: the text of its text blocks, the
+ * text and summary of reasoning blocks, the name and arguments of tool
+ * calls, and, only with include_tool_results, the text blocks inside tool
+ * results. Images, documents, metadata and provider state never match.
+ * Tokens are lowercased runs of letters and digits (drivers/index/index.h
+ * gives the exact rule a driver without its own text search uses).
+ */
+typedef struct histd_search_query {
+	const char *tenant;
+	const char *const *session_ids;
+	size_t n_session_ids;
+	const histd_kv *labels;
+	size_t n_labels;
+	enum histd_search_mode mode;
+	/* LEXICAL: the query, UTF-8, at least one token. */
+	const char *text;
+	/* SEMANTIC: the query vector (dim floats), compared only with the
+	 * vectors stored under the same model and dimension. */
+	const float *vector;
+	uint32_t dim;
+	const char *model;
+	uint32_t k;                 /* 1..HISTD_SEARCH_K_MAX */
+	/* Bit (1u << role) for every Role wanted (Histd__V1__Role values);
+	 * 0: every role. */
+	uint32_t roles;
+	int include_tool_results;
+	/* Leave out each session's newest stored message. */
+	int exclude_newest;
+} histd_search_query;
+
+typedef struct histd_search_hit {
+	char *session_id;           /* malloc'ed, the result's */
+	double score;               /* higher is better */
+} histd_search_hit;
+
+/* Hits best first; hits[i]'s message is records.v[i] (seq in front, as
+ * read returns it). Owned by the caller: histd_search_result_clear. */
+typedef struct histd_search_result {
+	histd_search_hit *hits;
+	size_t n;
+	histd_records records;
+} histd_search_result;
+
+/* ---------------------------------------------------------------------- */
 /* The interface                                                           */
 
 typedef struct histd_driver histd_driver;
@@ -360,6 +425,40 @@ struct histd_driver {
 
 	/* Required. Frees the driver and everything it holds. */
 	void (*close)(histd_driver *d);
+
+	/* ---- version 2 ---- */
+
+	/*
+	 * Optional (the wrapper answers EUNIMPL "the driver cannot search").
+	 * The k best messages of q's scope, best first, ties by session id
+	 * then seq. LEXICAL: BM25 (k1 1.2, b 0.75, or the storage's own full
+	 * text ranking) over the text histd_search_query describes; a message
+	 * matches if it holds at least one query token. SEMANTIC: cosine
+	 * similarity with q->vector over the messages holding a vector of
+	 * q->model and q->dim (embedding_put). Both: only roles in q->roles,
+	 * only stored messages (a cleared, replaced or deleted message is
+	 * never returned once that call has returned), and not the newest of
+	 * its session with exclude_newest. A scope with no session, or no
+	 * match, is 0 with no hits, not ENOTFOUND. out is zeroed by the
+	 * wrapper and the caller's on success. Any thread. EINVALID for a
+	 * query without a token (LEXICAL).
+	 */
+	int (*search)(histd_driver *d, const histd_search_query *q,
+		      histd_search_result *out);
+
+	/*
+	 * Optional (without it the wrapper answers EUNIMPL and semantic
+	 * search falls back to lexical). Stores v (dim floats, copied) as the
+	 * embedding of message seq under `model`, replacing one stored
+	 * before; it goes when the message goes (clear, replace, delete) and
+	 * is copied by fork with the message. Does not change the revision
+	 * and notifies nothing: it is derived data. Durable drivers keep it
+	 * across restarts. ENOTFOUND if no such session or no stored message
+	 * with that seq (it may have been cleared meanwhile). Any thread.
+	 */
+	int (*embedding_put)(histd_driver *d, const char *tenant,
+			     const char *id, uint64_t seq, const char *model,
+			     const float *v, uint32_t dim);
 };
 
 /* Driver options from the configuration. Each driver reads its own. */
@@ -431,6 +530,15 @@ int histd_driver_summary_get(histd_driver *d, const char *tenant,
 			     const char *id, histd_record **out);
 void histd_driver_set_notify(histd_driver *d, histd_change_fn fn, void *ctx);
 int histd_driver_ping(histd_driver *d);
+/* q is checked (tenant, mode, k in 1..HISTD_SEARCH_K_MAX, text or vector,
+ * sorted labels, non-empty session ids); *out is the caller's on success. */
+int histd_driver_search(histd_driver *d, const histd_search_query *q,
+			histd_search_result *out);
+int histd_driver_embedding_put(histd_driver *d, const char *tenant,
+			       const char *id, uint64_t seq, const char *model,
+			       const float *v, uint32_t dim);
+/* Whether the driver can search (version 2 with search set). */
+int histd_driver_can_search(const histd_driver *d);
 
 /* Called by every wrapper after its driver callback, with the callback's
  * name ("append", "read", ...), how long it took and what it returned: the
@@ -461,6 +569,13 @@ void histd_record_free(histd_record *r);
 
 /* Frees what a read result holds (records, session) and zeroes it. */
 void histd_read_result_clear(histd_read_result *r);
+/* Frees what a search result holds and zeroes it. */
+void histd_search_result_clear(histd_search_result *r);
+/* Appends a hit (session id copied, the record's bytes copied): 0 or
+ * ENOMEM (then r is unchanged). */
+int histd_search_result_add(histd_search_result *r, const char *session_id,
+			    double score, uint64_t seq, uint32_t token_estimate,
+			    const uint8_t *data, size_t len);
 
 /* Copies n pairs (strdup of keys and values); NULL with n 0, or ENOMEM. */
 int histd_kv_dup(histd_kv **out, const histd_kv *in, size_t n);

@@ -12,6 +12,7 @@
 #include "histd/v1/histd.pb-c.h"
 #include "context.h"
 #include "transcript.h"
+#include "search.h"
 #include "histd_wire.h"
 #include "tokens.h"
 
@@ -32,6 +33,7 @@ const char *const histd_method_names[HISTD_M_COUNT] = {
 	[HISTD_M_EXPORT] = "Export",
 	[HISTD_M_IMPORT] = "Import",
 	[HISTD_M_SUBSCRIBE] = "Subscribe",
+	[HISTD_M_SEARCH] = "Search",
 };
 
 #define PATH(n) "/histd.v1.HistoryService/" n
@@ -52,6 +54,7 @@ const char *const histd_method_paths[HISTD_M_COUNT] = {
 	[HISTD_M_EXPORT] = PATH("Export"),
 	[HISTD_M_IMPORT] = PATH("Import"),
 	[HISTD_M_SUBSCRIBE] = PATH("Subscribe"),
+	[HISTD_M_SEARCH] = PATH("Search"),
 };
 #undef PATH
 
@@ -1877,6 +1880,14 @@ h_import(call *c, void *msg)
 
 typedef int (*handler_fn)(call *c, void *msg);
 
+/* Search lives in server/search.c; the driver and tenant are the call's. */
+static int
+h_search(call *c, void *msg)
+{
+	return histd_search_rpc(c->s->d, c->tenant, msg, c->alloc,
+				&c->reply->data, &c->reply->len);
+}
+
 static const struct method_def {
 	const ProtobufCMessageDescriptor *request;
 	handler_fn fn;
@@ -1919,6 +1930,8 @@ static const struct method_def {
 		&histd__v1__export_request__descriptor, h_export },
 	[HISTD_M_IMPORT] = {
 		&histd__v1__import_request__descriptor, h_import },
+	[HISTD_M_SEARCH] = {
+		&histd__v1__search_request__descriptor, h_search },
 };
 
 /*

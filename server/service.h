@@ -34,6 +34,7 @@ enum histd_method {
 	HISTD_M_EXPORT,
 	HISTD_M_IMPORT,
 	HISTD_M_SUBSCRIBE,      /* server streaming: see server/subscribe.c */
+	HISTD_M_SEARCH,
 	HISTD_M_COUNT
 };
 

@@ -516,6 +516,7 @@ fd_session_delete(histd_driver *dd, const char *tenant, const char *id,
 		pthread_rwlock_unlock(&d->lock);
 		return rc;
 	}
+	hf_index_forget(s);
 	hf_session_remove(d, s);
 	hf_session_destroy(d, s);
 	return commit(d, NULL, NULL, 0);
@@ -563,6 +564,7 @@ fd_session_fork(histd_driver *dd, const char *tenant, const char *source_id,
 	hf_frame_end(b, mark);
 	if ((rc = encoded(d, b, mark, 0, NULL)))
 		goto undo;
+	hf_index_sync(f);
 	if ((rc = commit(d, f, NULL, 0))) {
 		histd_session_free(rec);
 		return rc;
@@ -737,6 +739,7 @@ fd_append(histd_driver *dd, const histd_append *a, histd_append_result *res)
 
 	/* Nothing below fails. */
 	hf_batch_apply(d, &batch, s);
+	hf_index_sync(s);
 	if (klen) {
 		hf_apply_idem(s, e, fresh, a->request_hash, a->idem_expires_us,
 			      first, 0);
@@ -868,6 +871,7 @@ fd_clear(histd_driver *dd, const char *tenant, const char *id,
 		return rc;
 	}
 	hf_apply_clear(d, s);
+	hf_index_clear(s);
 	if (nt)
 		nt->cleared_to_seq = s->cleared_to_seq;
 	hf_session_account(d, s);
@@ -919,6 +923,8 @@ fd_replace(histd_driver *dd, const histd_append *a, histd_append_result *res,
 		goto out;
 
 	hf_batch_apply(d, &batch, s);
+	hf_index_clear(s);
+	hf_index_sync(s);
 	if (nt)
 		nt->cleared_to_seq = s->cleared_to_seq;
 	hf_session_account(d, s);
@@ -1054,6 +1060,7 @@ free_state(hf_driver *d)
 			hf_session_destroy(d, t->sorted[j]);
 		hf_map_free(&t->ids);
 		hf_map_free(&t->ctx);
+		histd_index_free(t->index);
 		free(t->sorted);
 		free(t->name);
 		free(t);
@@ -1218,6 +1225,7 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 		.set_notify = fd_set_notify,
 		.ping = fd_ping,
 		.close = fd_close,
+		.search = hf_search,
 	};
 	d->dirfd = d->lockfd = -1;
 	d->mode = mode;

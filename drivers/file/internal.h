@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "driver.h"
+#include "index/index.h"
 #include "file.h"
 
 /* ---------------------------------------------------------------------- */
@@ -175,6 +176,7 @@ typedef struct hf_session {
 	uint64_t tool_bytes, idem_bytes, meta_bytes;
 	uint64_t lsn;           /* the last record that changed it */
 	uint64_t live;          /* its estimated size in a snapshot */
+	histd_vecs vecs;        /* embeddings, seq order (search.c) */
 } hf_session;
 
 struct hf_tenant {
@@ -184,6 +186,10 @@ struct hf_tenant {
 	hf_map ctx;             /* canonical context keys -> session */
 	hf_session **sorted;    /* by id, byte order */
 	size_t n, cap;
+	/* Its search index: made by the first search, then kept in step by
+	 * every write (search.c); NULL until then. Under the driver's lock
+	 * (writes hold it exclusively). */
+	histd_index *index;
 };
 
 typedef struct hf_wal hf_wal;
@@ -419,6 +425,19 @@ int hf_sync_dir(hf_driver *d);
  * key, value pairs. */
 void hf_log_line(const char *level, const char *msg, ...)
 	__attribute__((sentinel));
+
+/* ---------------------------------------------------------------------- */
+/* Search (search.c)                                                       */
+
+/* After a write to s, under the write lock: its tenant's index (if made)
+ * follows. sync: messages were added (append, replace, fork); clear:
+ * they all went (clear, first half of replace); forget: before s is
+ * destroyed by a delete. */
+void hf_index_sync(hf_session *s);
+void hf_index_clear(hf_session *s);
+void hf_index_forget(hf_session *s);
+int hf_search(histd_driver *dd, const histd_search_query *q,
+	      histd_search_result *out);
 
 /* Removes the logs and snapshots of generations below gen, and syncs the
  * directory. */

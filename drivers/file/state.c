@@ -207,6 +207,7 @@ hf_drop_messages(hf_driver *d, hf_session *s)
 	s->msgs = NULL;
 	s->n_msgs = s->cap_msgs = 0;
 	s->token_total = s->bytes_total = 0;
+	histd_vecs_clear(&s->vecs);
 }
 
 void

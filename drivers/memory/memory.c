@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "histd_wire.h"
+#include "index/index.h"
 
 /* Expired idempotency keys freed per append at most, to bound the time one
  * append spends on them; each append adds at most one key, so the backlog
@@ -254,6 +255,8 @@ typedef struct mem_idem {
 	char key[];
 } mem_idem;
 
+typedef struct mem_tenant mem_tenant;
+
 typedef struct mem_session {
 	pthread_mutex_t mu;
 	atomic_uint refs;
@@ -270,6 +273,9 @@ typedef struct mem_session {
 
 	/* Treap links; under the driver's lock. */
 	struct mem_session *left, *right;
+	/* Set when it enters the maps, under the driver's lock; tenants
+	 * live until the driver closes. */
+	mem_tenant *tenant;
 
 	/* Everything below: under mu. */
 	histd_kv *labels;
@@ -290,15 +296,22 @@ typedef struct mem_session {
 	htab tools;                     /* call id -> mem_tool */
 	htab idem;                      /* key -> mem_idem */
 	mem_idem *idem_head, *idem_tail;
+	histd_vecs vecs;                /* embeddings, seq order */
 } mem_session;
 
-typedef struct mem_tenant {
+struct mem_tenant {
 	char *name;
 	size_t len;
 	htab ids;                       /* id -> session */
 	htab ctx;                       /* canonical context keys -> session */
 	mem_session *root;              /* treap by id */
-} mem_tenant;
+	/* The tenant's search index, made by its first search (so a server
+	 * that never searches pays nothing) and kept up to date from then on
+	 * by every change, under the session's mutex (index.h). Published
+	 * under the driver's lock together with the list of sessions it
+	 * starts from; read without it. */
+	_Atomic(histd_index *) index;
+};
 
 typedef struct mem_driver {
 	histd_driver base;              /* first: the driver casts down */
@@ -307,6 +320,7 @@ typedef struct mem_driver {
 	uint64_t seed;
 	histd_change_fn notify;
 	void *notify_ctx;
+	pthread_mutex_t build_mu;       /* one index build at a time */
 } mem_driver;
 
 static const char *
@@ -377,6 +391,7 @@ first_after(const histd_record *v, size_t n, uint64_t seq)
 static void
 drop_messages(mem_session *s)
 {
+	histd_vecs_clear(&s->vecs);
 	for (size_t i = 0; i < s->n_msgs; i++)
 		free(s->msgs[i].data);
 	free(s->msgs);
@@ -576,6 +591,36 @@ check_revision(const mem_session *s, uint64_t expected, uint64_t *current)
 			       (unsigned long long)s->revision);
 }
 
+/* Keeps the tenant's search index (if it has one yet) in step with a
+ * change, under the session's mutex like the change itself. */
+static void
+index_change(const mem_session *s, enum histd_change_kind kind)
+{
+	histd_index *ix = s->tenant ? atomic_load(&s->tenant->index) : NULL;
+	uint64_t key = (uint64_t)(uintptr_t)s;
+
+	if (!ix)
+		return;
+	switch (kind) {
+	case HISTD_CHANGE_REPLACED:
+	case HISTD_CHANGE_CLEARED:
+		histd_index_clear(ix, key);
+		if (kind == HISTD_CHANGE_CLEARED)
+			break;
+		/* fall through */
+	case HISTD_CHANGE_APPENDED:
+		/* ENOMEM marks the index incomplete: the next search
+		 * rebuilds it. */
+		(void)histd_index_sync(ix, key, s->id, s->msgs, s->n_msgs);
+		break;
+	case HISTD_CHANGE_DELETED:
+		histd_index_forget(ix, key);
+		break;
+	default:
+		break;
+	}
+}
+
 static void
 notify(mem_driver *m, const mem_session *s, const char *tenant,
        enum histd_change_kind kind, const histd_record *records, size_t n,
@@ -592,6 +637,7 @@ notify(mem_driver *m, const mem_session *s, const char *tenant,
 		.session = rec,
 	};
 
+	index_change(s, kind);
 	if (m->notify)
 		m->notify(m->notify_ctx, &c);
 }
@@ -1000,6 +1046,7 @@ tenant_insert(mem_driver *m, const char *tenant, mem_session *s)
 	if (s->canon)
 		htab_put(&t->ctx, s);
 	t->root = treap_insert(t->root, s);
+	s->tenant = t;
 	return 0;
 }
 
@@ -1442,6 +1489,8 @@ mem_session_fork(histd_driver *d, const char *tenant, const char *source_id,
 			c->result_seq = 0;
 		htab_put(&f->tools, c);
 	}
+	if (histd_vecs_copy(&f->vecs, &src->vecs, last))
+		goto out;
 	f->last_seq = last;
 	f->cleared_to_seq = src->cleared_to_seq < last ? src->cleared_to_seq : last;
 	if (!(rec = session_export(f, tenant)))
@@ -1451,6 +1500,10 @@ mem_session_fork(histd_driver *d, const char *tenant, const char *source_id,
 	 * source as it is at the moment the fork appears. */
 	pthread_rwlock_wrlock(&m->lock);
 	rc = tenant_insert(m, tenant, f);
+	/* Indexed before anyone can append to it, and in the same section
+	 * as an index build would list it. */
+	if (rc == 0)
+		index_change(f, HISTD_CHANGE_APPENDED);
 	pthread_rwlock_unlock(&m->lock);
 	if (rc == 0) {
 		f = NULL;
@@ -1768,6 +1821,321 @@ mem_summary_get(histd_driver *d, const char *tenant, const char *id,
 }
 
 /* ---------------------------------------------------------------------- */
+/* Search                                                                  */
+
+/* References on every session of a tenant (under the driver's lock, held
+ * by the caller), in id order. */
+static int
+tenant_sessions(mem_tenant *t, mem_session ***out, size_t *n)
+{
+	size_t cnt = t ? t->ids.n : 0, k = 0;
+	mem_session **v = malloc((cnt ? cnt : 1) * sizeof(*v));
+
+	if (!v)
+		return enomem();
+	if (t)
+		treap_after(t->root, NULL, v, cnt, &k);
+	for (size_t i = 0; i < k; i++)
+		atomic_fetch_add(&v[i]->refs, 1);
+	*out = v;
+	*n = k;
+	return 0;
+}
+
+static void
+sessions_unref(mem_session **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		session_unref(v[i]);
+	free(v);
+}
+
+/* The tenant's index, built by the first search (or rebuilt after an
+ * allocation failure left it incomplete); NULL (and 0) for a tenant that
+ * has no session yet. */
+static int
+tenant_index(mem_driver *m, const char *tenant, histd_index **out)
+{
+	mem_session **v = NULL;
+	histd_index *ix;
+	mem_tenant *t;
+	size_t n = 0;
+	int rc = 0;
+
+	pthread_rwlock_rdlock(&m->lock);
+	t = tenant_find(m, tenant);
+	ix = t ? atomic_load(&t->index) : NULL;
+	pthread_rwlock_unlock(&m->lock);
+	*out = ix;
+	if (!t || (ix && !histd_index_incomplete(ix)))
+		return 0;
+
+	pthread_mutex_lock(&m->build_mu);
+	ix = atomic_load(&t->index);
+	if (ix && !histd_index_incomplete(ix))
+		goto done;
+	if (ix)
+		histd_index_reset(ix);
+	else if ((rc = histd_index_new(&ix)))
+		goto done;
+	/* Published with the list of sessions to read: a session created
+	 * after this is indexed by its own changes, one listed here by the
+	 * sync below; sync only adds what the index lacks, so a session
+	 * changed meanwhile is not indexed twice. */
+	pthread_rwlock_wrlock(&m->lock);
+	atomic_store(&t->index, ix);
+	rc = tenant_sessions(t, &v, &n);
+	pthread_rwlock_unlock(&m->lock);
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		mem_session *s = v[i];
+
+		pthread_mutex_lock(&s->mu);
+		if (!s->deleted)
+			rc = histd_index_sync(ix, (uint64_t)(uintptr_t)s, s->id,
+					      s->msgs, s->n_msgs);
+		pthread_mutex_unlock(&s->mu);
+	}
+	if (v)
+		sessions_unref(v, n);
+done:
+	pthread_mutex_unlock(&m->build_mu);
+	*out = ix;
+	return rc;
+}
+
+/* The sessions a query names (session ids or labels; whole tenant: all),
+ * referenced. */
+static int
+scope_sessions(mem_driver *m, const histd_search_query *q, mem_session ***out,
+	       size_t *n)
+{
+	mem_session **v;
+	size_t k = 0;
+	int rc;
+
+	if (q->n_session_ids) {
+		if (!(v = malloc(q->n_session_ids * sizeof(*v))))
+			return enomem();
+		for (size_t i = 0; i < q->n_session_ids; i++) {
+			mem_session *s = session_ref(m, q->tenant, q->session_ids[i]);
+			size_t j;
+
+			/* A repeated id is one session. */
+			for (j = 0; s && j < k && v[j] != s; j++)
+				;
+			if (s && j < k)
+				session_unref(s);
+			else if (s)
+				v[k++] = s;
+		}
+		*out = v;
+		*n = k;
+		return 0;
+	}
+	pthread_rwlock_rdlock(&m->lock);
+	rc = tenant_sessions(tenant_find(m, q->tenant), &v, &k);
+	pthread_rwlock_unlock(&m->lock);
+	if (rc)
+		return rc;
+	if (q->n_labels) {
+		size_t w = 0;
+
+		for (size_t i = 0; i < k; i++) {
+			mem_session *s = v[i];
+			int keep;
+
+			pthread_mutex_lock(&s->mu);
+			keep = !s->deleted &&
+			       histd_kv_contains(s->labels, s->n_labels, q->labels,
+						 q->n_labels);
+			pthread_mutex_unlock(&s->mu);
+			if (keep)
+				v[w++] = s;
+			else
+				session_unref(s);
+		}
+		k = w;
+	}
+	*out = v;
+	*n = k;
+	return 0;
+}
+
+static int
+key_cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+typedef struct key_set {
+	uint64_t *v;
+	size_t n;
+} key_set;
+
+static int
+in_key_set(void *ctx, uint64_t key, const char *id)
+{
+	const key_set *ks = ctx;
+
+	(void)id;
+	return bsearch(&key, ks->v, ks->n, sizeof(*ks->v), key_cmp) != NULL;
+}
+
+/* Adds the stored message (key's session, seq) to out, if it is still
+ * there. */
+static int
+hit_add(mem_session *s, const histd_index_hit *h, histd_search_result *out)
+{
+	int rc = 0;
+	size_t i;
+
+	pthread_mutex_lock(&s->mu);
+	i = first_after(s->msgs, s->n_msgs, h->seq - 1);
+	if (!s->deleted && i < s->n_msgs && s->msgs[i].seq == h->seq)
+		rc = histd_search_result_add(out, s->id, h->score, h->seq,
+					     s->msgs[i].token_estimate,
+					     s->msgs[i].data, s->msgs[i].len);
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+static int
+search_lexical(mem_driver *m, const histd_search_query *q,
+	       histd_search_result *out)
+{
+	histd_index_hit *hits = NULL;
+	mem_session **v = NULL;
+	key_set ks = { 0 };
+	histd_index *ix;
+	size_t n = 0, nv = 0;
+	int scoped = q->n_session_ids || q->n_labels;
+	int rc;
+
+	if ((rc = tenant_index(m, q->tenant, &ix)) || !ix)
+		return rc;
+	if (scoped) {
+		if ((rc = scope_sessions(m, q, &v, &nv)))
+			return rc;
+		if (!nv)
+			goto out;
+		if (!(ks.v = malloc(nv * sizeof(*ks.v)))) {
+			rc = enomem();
+			goto out;
+		}
+		for (size_t i = 0; i < nv; i++)
+			ks.v[ks.n++] = (uint64_t)(uintptr_t)v[i];
+		qsort(ks.v, ks.n, sizeof(*ks.v), key_cmp);
+	}
+	if ((rc = histd_index_search(ix, q, scoped ? in_key_set : NULL, &ks,
+				     &hits, &n)))
+		goto out;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		mem_session *s = session_ref(m, q->tenant, hits[i].id);
+
+		/* The same session the index saw, not one made again under
+		 * its id since. */
+		if (!s)
+			continue;
+		if ((uint64_t)(uintptr_t)s == hits[i].key)
+			rc = hit_add(s, &hits[i], out);
+		session_unref(s);
+	}
+out:
+	histd_index_hits_free(hits, n);
+	free(ks.v);
+	if (v)
+		sessions_unref(v, nv);
+	return rc;
+}
+
+static int
+search_semantic(mem_driver *m, const histd_search_query *q,
+		histd_search_result *out)
+{
+	mem_session **v = NULL;
+	histd_topk top = { 0 };
+	float *qn;
+	size_t nv = 0;
+	int rc;
+
+	if (!(qn = malloc(q->dim * sizeof(*qn))))
+		return enomem();
+	memcpy(qn, q->vector, q->dim * sizeof(*qn));
+	if (histd_vec_normalize(qn, q->dim)) {
+		free(qn);
+		return histd_error_set(HISTD_EINVALID, "the query vector is zero");
+	}
+	if ((rc = scope_sessions(m, q, &v, &nv)) ||
+	    (rc = histd_topk_init(&top, q->k)))
+		goto out;
+	for (size_t i = 0; i < nv; i++) {
+		mem_session *s = v[i];
+
+		pthread_mutex_lock(&s->mu);
+		if (!s->deleted)
+			histd_vecs_search(&s->vecs, &top, (uint64_t)(uintptr_t)s,
+					  s->id, q->model, q->dim, qn, q->roles,
+					  q->exclude_newest && s->n_msgs
+						  ? s->msgs[s->n_msgs - 1].seq : 0);
+		pthread_mutex_unlock(&s->mu);
+	}
+	histd_topk_finish(&top);
+	/* The sessions are still referenced: their ids and keys are valid. */
+	for (size_t i = 0; i < top.n && rc == 0; i++)
+		rc = hit_add((mem_session *)(uintptr_t)top.v[i].key, &top.v[i], out);
+out:
+	histd_topk_free(&top);
+	if (v)
+		sessions_unref(v, nv);
+	free(qn);
+	return rc;
+}
+
+static int
+mem_search(histd_driver *d, const histd_search_query *q,
+	   histd_search_result *out)
+{
+	mem_driver *m = (mem_driver *)d;
+
+	return q->mode == HISTD_SEARCH_SEMANTIC ? search_semantic(m, q, out)
+						: search_lexical(m, q, out);
+}
+
+static int
+mem_embedding_put(histd_driver *d, const char *tenant, const char *id,
+		  uint64_t seq, const char *model, const float *v, uint32_t dim)
+{
+	mem_session *s;
+	histd_vec *x;
+	size_t i;
+	int rc;
+
+	if ((rc = session_open((mem_driver *)d, tenant, id, &s)))
+		return rc;
+	i = first_after(s->msgs, s->n_msgs, seq - 1);
+	if (i == s->n_msgs || s->msgs[i].seq != seq) {
+		rc = histd_error_set(HISTD_ENOTFOUND, "no stored message has seq %llu",
+				     (unsigned long long)seq);
+		goto out;
+	}
+	x = histd_vec_new(seq, (uint8_t)histd_index_message_role(s->msgs[i].data,
+								 s->msgs[i].len),
+			  model, v, dim);
+	if (!x) {
+		rc = histd_error_set(HISTD_EINVALID,
+				     "the embedding is a zero vector or memory ran out");
+		goto out;
+	}
+	if ((rc = histd_vecs_put(&s->vecs, x)))
+		free(x);
+out:
+	session_close(s);
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
 /* The driver                                                              */
 
 static void
@@ -1796,11 +2164,13 @@ mem_close(histd_driver *d)
 				session_destroy(t->ids.slots[j].v);
 		htab_free(&t->ids);
 		htab_free(&t->ctx);
+		histd_index_free(atomic_load(&t->index));
 		free(t->name);
 		free(t);
 	}
 	htab_free(&m->tenants);
 	pthread_rwlock_destroy(&m->lock);
+	pthread_mutex_destroy(&m->build_mu);
 	free(m);
 }
 
@@ -1848,9 +2218,12 @@ histd_memory_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.set_notify = mem_set_notify,
 		.ping = NULL,           /* always reachable: the default */
 		.close = mem_close,
+		.search = mem_search,
+		.embedding_put = mem_embedding_put,
 	};
 	m->seed = random_seed();
 	htab_init(&m->tenants, tenant_key, m->seed);
+	pthread_mutex_init(&m->build_mu, NULL);
 	/* Writers preferred: creates and deletes must not starve behind a
 	 * steady stream of lookups, which hold the lock only briefly. */
 	if (pthread_rwlockattr_init(&attr) != 0) {

@@ -3970,5 +3970,6 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 	if (filter && *filter)
 		cmocka_set_test_filter(filter);
 	snprintf(group, sizeof(group), "driver conformance: %s", fx->driver);
-	return _cmocka_run_group_tests(group, tests, N_OF(tests), NULL, NULL);
+	return _cmocka_run_group_tests(group, tests, N_OF(tests), NULL, NULL) +
+	       histd_conformance_search_run(fx);
 }

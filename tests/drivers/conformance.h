@@ -53,4 +53,9 @@ typedef struct histd_conformance_fixture {
  * driver conforms). `fx` is borrowed for the call. */
 int histd_conformance_run(const histd_conformance_fixture *fx);
 
+/* The search tests alone (conformance_search.c); histd_conformance_run
+ * runs them after the others. A version 1 driver, which cannot search, is
+ * reported as skipped. */
+int histd_conformance_search_run(const histd_conformance_fixture *fx);
+
 #endif

@@ -1,0 +1,73 @@
+/*
+ * The Search RPC: lexical (BM25, by the driver), semantic (cosine of
+ * embeddings, by the driver, with the query embedded here through an
+ * embedder) and hybrid (reciprocal rank fusion of both), over one session,
+ * the sessions matching labels, or the whole tenant.
+ *
+ * Semantic scope: each session in scope is searched by its own embedding
+ * model (SessionConfig.embeddings, else the server's default); sessions
+ * grouped by (provider, model) are searched with one query vector per
+ * group. A session with no embedding configuration, or whose provider the
+ * server cannot call, is searched lexically instead and listed in
+ * lexical_fallback_sessions. When one response mixes rankings (several
+ * groups, fallbacks, or HYBRID), scores are reciprocal rank fusion scores,
+ * sum of 1 / (60 + rank), comparable within the response.
+ *
+ * Thread-safe: called by any number of handler threads at once.
+ */
+#ifndef HISTD_SEARCH_H
+#define HISTD_SEARCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "driver.h"
+#include "histd/v1/histd.pb-c.h"
+
+/*
+ * What computes a query's embedding. embed: the vector of `text` by
+ * provider/model (model "" : the provider's default; *model_out then names
+ * the model the vectors are stored under: borrowed, static or owned by the
+ * embedder); *v malloc'ed (caller frees), *dim its length. EUNAVAILABLE
+ * (provider not configured or unreachable) makes the sessions of that
+ * model fall back to lexical search. Called from handler threads.
+ */
+typedef struct histd_search_embedder {
+	int (*embed)(void *ctx, const char *provider, const char *model,
+		     const char *text, float **v, uint32_t *dim,
+		     const char **model_out);
+	/* The default for sessions whose config names no embeddings:
+	 * provider "" for none. */
+	const char *default_provider;
+	const char *default_model;
+	void *ctx;
+} histd_search_embedder;
+
+/* Sets the process's embedder (NULL: none, every semantic search falls
+ * back to lexical). Set once at start, before calls are served; the
+ * struct is borrowed and must outlive the server. */
+void histd_search_set_embedder(const histd_search_embedder *e);
+
+/*
+ * Runs Search for `tenant` on the unpacked request r (alloc: the call's
+ * arena, used for the response's messages). On success *out is the packed
+ * SearchResponse (malloc'ed) and *out_len its length. EINVALID naming the
+ * field (query, k, roles, mode, label_selector, session_id); ENOTFOUND for
+ * an unknown session_id; the driver's errors as they are.
+ */
+int histd_search_rpc(histd_driver *d, const char *tenant,
+		     const Histd__V1__SearchRequest *r,
+		     ProtobufCAllocator *alloc, uint8_t **out, size_t *out_len);
+
+/* The effective embedding (provider, model) of a packed SessionConfig
+ * (NULL config: none), with the embedder's default when it names none:
+ * 1 and the two strings set (borrowed from *cfg or the embedder), or 0
+ * for no embeddings. *cfg is unpacked with the default allocator and
+ * freed with histd__v1__session_config__free_unpacked by the caller. */
+int histd_search_session_embedding(const uint8_t *config, size_t len,
+				   Histd__V1__SessionConfig **cfg,
+				   const char **provider, const char **model);
+
+#endif
