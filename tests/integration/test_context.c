@@ -66,6 +66,7 @@ create(tarena *a, const char *id, const char *plugin, const char *k1,
 	histd_status st;
 	grpc_status_code code;
 
+	histd_status_init(&st);
 	histd__v1__create_session_request__init(r);
 	histd__v1__session_config__init(c);
 	histd__v1__pipeline__init(pl);
@@ -211,6 +212,7 @@ reduce_publishes_a_reduced_event_and_the_view_starts_with_it(void **state)
 	int res, got_reduced = 0;
 
 	(void)state;
+	histd_status_init(&st);
 	/* An empty pipeline: Reduce uses compaction's defaults. */
 	assert_int_equal(create(a, "red1", "", NULL, NULL, NULL, NULL),
 			 GRPC_STATUS_OK);
