@@ -19,6 +19,7 @@
 #include "histd_wire.h"
 #include "file/file.h"
 #include "memory/memory.h"
+#include "postgres/postgres.h"
 
 /* ---------------------------------------------------------------------- */
 /* Observing calls: the wrappers are the one place that times them.       */
@@ -52,6 +53,7 @@ static const struct {
 } registry[] = {
 	{ "memory", histd_memory_driver_open },
 	{ "file", histd_file_driver_open },
+	{ "postgres", histd_postgres_driver_open },
 };
 
 #define N_DRIVERS (sizeof(registry) / sizeof(registry[0]))
@@ -60,6 +62,7 @@ static const struct {
 static const char *const registry_names[N_DRIVERS + 1] = {
 	"memory",
 	"file",
+	"postgres",
 	NULL,
 };
 

@@ -1,0 +1,656 @@
+/*
+ * The postgres driver alone (drivers/postgres/), on the test cluster: what
+ * the conformance suite cannot see from the interface.
+ *
+ * - the schema: versioned, migrated once by replicas that start together,
+ *   refused when newer than the binary;
+ * - the columns stored beside each message's bytes;
+ * - group commit: concurrent appends share transactions;
+ * - reads planned on the primary key, whatever the session's size;
+ * - two driver instances on one database behave as replicas: the second
+ *   one's hook gets every change the first one makes, in revision order,
+ *   with its records, also after its LISTEN connection was killed.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "driver.h"
+#include "histd/v1/histd.pb-c.h"
+#include "histd_wire.h"
+#include "pg.h"
+#include "pgharness.h"
+
+static const char *cluster;
+
+static int
+group_setup(void **state)
+{
+	(void)state;
+	return pgh_cluster_dsn(&cluster);
+}
+
+typedef struct fixture {
+	char *dsn;
+	histd_driver *d;
+} fixture;
+
+static histd_driver *
+open_driver(const char *dsn, int pool)
+{
+	histd_driver_config cfg = { .dsn = dsn, .pool_size = pool };
+	histd_driver *d = NULL;
+	int rc = histd_driver_open("postgres", &cfg, &d);
+
+	if (rc)
+		fail_msg("open: %s", histd_error_message());
+	return d;
+}
+
+static int
+setup(void **state)
+{
+	fixture *f = calloc(1, sizeof(*f));
+
+	if (!f || !(f->dsn = pgh_new_database(cluster, "drv")))
+		return -1;
+	*state = f;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	fixture *f = *state;
+
+	if (f->d)
+		histd_driver_close(f->d);
+	pgh_drop_database(f->dsn);
+	free(f->dsn);
+	free(f);
+	return 0;
+}
+
+static long
+sql_long(const char *dsn, const char *sql)
+{
+	PGresult *r = pgh_sql(dsn, sql);
+	long v;
+
+	assert_non_null(r);
+	assert_int_equal(PQntuples(r), 1);
+	v = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+	PQclear(r);
+	return v;
+}
+
+static void
+create(histd_driver *d, const char *id)
+{
+	histd_session in = { .tenant = "t", .id = (char *)id,
+			     .created_at_us = histd_now_us() };
+	histd_session *out = NULL;
+
+	if (histd_driver_session_create(d, &in, &out))
+		fail_msg("create: %s", histd_error_message());
+	histd_session_free(out);
+}
+
+/* A packed message, seq 0, with role, author, created_at and text. */
+static uint8_t *
+pack_message(const char *text, const char *author, int64_t secs, size_t *len)
+{
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT;
+	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT;
+	Histd__V1__TextBlock t = HISTD__V1__TEXT_BLOCK__INIT;
+	Google__Protobuf__Timestamp ts = GOOGLE__PROTOBUF__TIMESTAMP__INIT;
+	Histd__V1__ContentBlock *blocks[1] = { &b };
+	uint8_t *out;
+
+	t.text = (char *)text;
+	b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+	b.text = &t;
+	m.role = HISTD__V1__ROLE__ROLE_ASSISTANT;
+	m.n_content = 1;
+	m.content = blocks;
+	m.author = (char *)author;
+	if (secs) {
+		ts.seconds = secs;
+		ts.nanos = 250000000;
+		m.created_at = &ts;
+	}
+	*len = histd__v1__message__get_packed_size(&m);
+	out = malloc(*len);
+	assert_non_null(out);
+	histd__v1__message__pack(&m, out);
+	return out;
+}
+
+static int
+append_text(histd_driver *d, const char *id, const char *text,
+	    histd_append_result *res)
+{
+	size_t len;
+	uint8_t *data = pack_message(text, "planner", 0, &len);
+	histd_msg_in m = { .data = data, .len = len, .token_estimate = 7 };
+	histd_append a = { .tenant = "t", .session_id = id, .msgs = &m,
+			   .n_msgs = 1, .now_us = histd_now_us() };
+	histd_append_result r;
+	int rc = histd_driver_append(d, &a, res ? res : &r);
+
+	free(data);
+	return rc;
+}
+
+/* ------------------------------------------------------------------------
+ * Schema */
+
+static void
+refuses_a_schema_newer_than_the_binary(void **state)
+{
+	fixture *f = *state;
+	histd_driver_config cfg = { .dsn = f->dsn, .pool_size = 2 };
+	histd_driver *d = NULL;
+	PGresult *r;
+
+	histd_driver_close(open_driver(f->dsn, 2));
+	assert_int_equal(sql_long(f->dsn, "SELECT version FROM histd_schema"),
+			 PG_SCHEMA_VERSION);
+	r = pgh_sql(f->dsn, "UPDATE histd_schema SET version = version + 1");
+	assert_non_null(r);
+	PQclear(r);
+	assert_int_equal(histd_driver_open("postgres", &cfg, &d), HISTD_EINVALID);
+	assert_null(d);
+	assert_non_null(strstr(histd_error_message(), "newer"));
+}
+
+static void *
+open_close(void *arg)
+{
+	histd_driver_config cfg = { .dsn = arg, .pool_size = 1 };
+	histd_driver *d = NULL;
+
+	if (histd_driver_open("postgres", &cfg, &d) == 0) {
+		histd_driver_close(d);
+		return NULL;
+	}
+	return (void *)1;
+}
+
+static void
+replicas_starting_together_migrate_once(void **state)
+{
+	fixture *f = *state;
+	pthread_t th[6];
+	void *failed;
+
+	for (int i = 0; i < 6; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, open_close, f->dsn), 0);
+	for (int i = 0; i < 6; i++) {
+		pthread_join(th[i], &failed);
+		assert_null(failed);
+	}
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM histd_schema"), 1);
+	assert_int_equal(sql_long(f->dsn, "SELECT version FROM histd_schema"),
+			 PG_SCHEMA_VERSION);
+}
+
+static void
+open_without_a_dsn_or_with_a_dead_one_fails_cleanly(void **state)
+{
+	histd_driver_config none = { 0 };
+	histd_driver_config dead = {
+		.dsn = "host=/nonexistent port=1 dbname=x connect_timeout=1",
+	};
+	histd_driver *d = NULL;
+
+	(void)state;
+	assert_int_equal(histd_driver_open("postgres", &none, &d), HISTD_EINVALID);
+	assert_int_equal(histd_driver_open("postgres", &dead, &d), HISTD_EUNAVAILABLE);
+	assert_null(d);
+}
+
+/* ------------------------------------------------------------------------
+ * Storage */
+
+static void
+messages_keep_queryable_columns_beside_their_bytes(void **state)
+{
+	fixture *f = *state;
+	size_t len;
+	uint8_t *data = pack_message("hello", "planner", 1700000000, &len);
+	histd_msg_in m = { .data = data, .len = len, .token_estimate = 42 };
+	histd_append a = { .tenant = "t", .session_id = "s", .msgs = &m,
+			   .n_msgs = 1, .now_us = histd_now_us() };
+	histd_append_result res;
+	histd_read q = { .tenant = "t", .session_id = "s" };
+	histd_read_result rr = { 0 };
+	PGresult *r;
+	uint8_t *want;
+	size_t want_len;
+
+	f->d = open_driver(f->dsn, 2);
+	create(f->d, "s");
+	assert_int_equal(histd_driver_append(f->d, &a, &res), 0);
+	r = pgh_sql(f->dsn, "SELECT role, author, extract(epoch FROM created_at)::numeric(20,3),"
+		    " token_estimate, seq, encode(data, 'hex') FROM messages");
+	assert_non_null(r);
+	assert_int_equal(PQntuples(r), 1);
+	assert_string_equal(PQgetvalue(r, 0, 0), "3");
+	assert_string_equal(PQgetvalue(r, 0, 1), "planner");
+	assert_string_equal(PQgetvalue(r, 0, 2), "1700000000.250");
+	assert_string_equal(PQgetvalue(r, 0, 3), "42");
+	assert_string_equal(PQgetvalue(r, 0, 4), "1");
+	/* Stored: the packed message as given (the seq is a column); read:
+	 * the record with its seq in front. */
+	want = histd_wire_with_seq(1, data, len, &want_len);
+	assert_int_equal(histd_driver_read(f->d, &q, &rr), 0);
+	assert_int_equal(rr.records.n, 1);
+	assert_int_equal(rr.records.v[0].len, want_len);
+	assert_memory_equal(rr.records.v[0].data, want, want_len);
+	assert_int_equal(strlen(PQgetvalue(r, 0, 5)), len * 2);
+	PQclear(r);
+	histd_read_result_clear(&rr);
+	free(want);
+	free(data);
+}
+
+typedef struct appender {
+	histd_driver *d;
+	char id[16];
+	int n;
+	int failed;
+} appender;
+
+static void *
+append_many(void *arg)
+{
+	appender *a = arg;
+
+	for (int i = 0; i < a->n; i++)
+		if (append_text(a->d, a->id, "x", NULL) != 0)
+			a->failed++;
+	return NULL;
+}
+
+static void
+concurrent_appends_share_commits(void **state)
+{
+	enum { CALLERS = 16, EACH = 40 };
+	fixture *f = *state;
+	pthread_t th[CALLERS];
+	appender ap[CALLERS];
+	long txns;
+
+	f->d = open_driver(f->dsn, 16);
+	for (int i = 0; i < CALLERS; i++) {
+		ap[i] = (appender){ .d = f->d, .n = EACH };
+		snprintf(ap[i].id, sizeof(ap[i].id), "s%d", i % 4);
+		if (i < 4)
+			create(f->d, ap[i].id);
+	}
+	for (int i = 0; i < CALLERS; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, append_many, &ap[i]), 0);
+	for (int i = 0; i < CALLERS; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(ap[i].failed, 0);
+	}
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM messages"),
+			 CALLERS * EACH);
+	/* Rows written by one transaction share its xmin. */
+	txns = sql_long(f->dsn, "SELECT count(DISTINCT xmin::text) FROM messages");
+	print_message("%d appends in %ld transactions\n", CALLERS * EACH, txns);
+	assert_true(txns < CALLERS * EACH / 2);
+	/* And seqs per session are 1..n, each once. */
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM (SELECT sid FROM messages"
+				  " GROUP BY sid HAVING max(seq) = count(*)"
+				  " AND count(DISTINCT seq) = count(*)) x"), 4);
+}
+
+/* The plan of a statement, run as a prepared statement with values. */
+static char *
+plan_of(const char *dsn, const char *stmt_sql, const char *args)
+{
+	PGconn *c = PQconnectdb(dsn);
+	PGresult *r;
+	size_t cap = 4096, len = 0;
+	char *out = calloc(1, cap), sql[4096];
+
+	assert_int_equal(PQstatus(c), CONNECTION_OK);
+	snprintf(sql, sizeof(sql), "PREPARE q AS %s", stmt_sql);
+	r = PQexec(c, sql);
+	assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+	PQclear(r);
+	snprintf(sql, sizeof(sql), "EXPLAIN EXECUTE q(%s)", args);
+	r = PQexec(c, sql);
+	assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+	for (int i = 0; i < PQntuples(r); i++) {
+		const char *line = PQgetvalue(r, i, 0);
+
+		if (len + strlen(line) + 2 > cap) {
+			cap = (len + strlen(line) + 2) * 2;
+			out = realloc(out, cap);
+		}
+		len += (size_t)sprintf(out + len, "%s\n", line);
+	}
+	PQclear(r);
+	PQfinish(c);
+	return out;
+}
+
+static void
+reads_and_lists_use_indexes_not_scans(void **state)
+{
+	fixture *f = *state;
+	PGresult *r;
+	char *plan;
+
+	f->d = open_driver(f->dsn, 2);
+	create(f->d, "big");
+	create(f->d, "small");
+	/* 50,000 messages in one session, 100 in another. */
+	r = pgh_sql(f->dsn,
+		    "INSERT INTO messages (sid, seq, revision, role, author, created_at,"
+		    " token_estimate, data) SELECT s.sid, g, g, 2, '', now(), 1, '\\x0a'"
+		    " FROM sessions s, generate_series(1, 50000) g WHERE s.id = 'big';"
+		    "INSERT INTO messages (sid, seq, revision, role, author, created_at,"
+		    " token_estimate, data) SELECT s.sid, g, g, 2, '', now(), 1, '\\x0a'"
+		    " FROM sessions s, generate_series(1, 100) g WHERE s.id = 'small';"
+		    "INSERT INTO sessions (tenant, id, created_at, updated_at, revision)"
+		    " SELECT 't', 'other-' || g, now(), now(), 1"
+		    " FROM generate_series(1, 5000) g;"
+		    "ANALYZE");
+	assert_non_null(r);
+	PQclear(r);
+
+	plan = plan_of(f->dsn, pg_stmt_sql[ST_READ_LAST], "'t', 'big', 20");
+	assert_non_null(strstr(plan, "Index Scan Backward using messages_pkey"));
+	assert_null(strstr(plan, "Seq Scan"));
+	free(plan);
+	plan = plan_of(f->dsn, pg_stmt_sql[ST_READ_AFTER], "'t', 'big', 49000, 100");
+	assert_non_null(strstr(plan, "Index Scan using messages_pkey"));
+	assert_null(strstr(plan, "Seq Scan on messages"));
+	free(plan);
+	/* The batch append finds its sessions by the (tenant, id) key. */
+	plan = plan_of(f->dsn, pg_stmt_sql[ST_FAST_APPEND],
+		       "'{t}', '{big}', '{1}', '{1}', '{1}', '{1}', '{2}', '{a}',"
+		       " '{2024-01-01}', '{1}', '{\"\\\\x0a\"}'");
+	assert_non_null(strstr(plan, "sessions_tenant_id"));
+	assert_null(strstr(plan, "Seq Scan"));
+	free(plan);
+	plan = plan_of(f->dsn, pg_stmt_sql[ST_SESSION_LIST], "'t', 'other-5', 101");
+	assert_non_null(strstr(plan, "sessions_tenant_id"));
+	assert_null(strstr(plan, "Seq Scan"));
+	free(plan);
+}
+
+/* ------------------------------------------------------------------------
+ * Two instances as replicas */
+
+typedef struct seen_change {
+	enum histd_change_kind kind;
+	uint64_t revision;
+	uint64_t cleared_to_seq;
+	size_t n_records;
+	uint64_t first_seq, last_seq;
+	int records_null;
+	int has_session;
+} seen_change;
+
+typedef struct hook {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	seen_change *v;
+	size_t n, cap;
+	uint64_t next_seq;     /* messages must come in seq order, no gap */
+	char error[160];
+} hook;
+
+static void
+on_change(void *ctx, const histd_change *c)
+{
+	hook *h = ctx;
+
+	pthread_mutex_lock(&h->mu);
+	if (h->n == h->cap) {
+		h->cap = h->cap ? h->cap * 2 : 64;
+		h->v = realloc(h->v, h->cap * sizeof(*h->v));
+		if (!h->v)
+			abort();
+	}
+	if (h->n && c->revision <= h->v[h->n - 1].revision && !h->error[0])
+		snprintf(h->error, sizeof(h->error), "revision %" PRIu64 " after %"
+			 PRIu64, c->revision, h->v[h->n - 1].revision);
+	if (c->kind == HISTD_CHANGE_APPENDED) {
+		for (size_t i = 0; c->records && i < c->n_records; i++) {
+			if (c->records[i].seq != h->next_seq && !h->error[0])
+				snprintf(h->error, sizeof(h->error), "seq %" PRIu64
+					 " after %" PRIu64, c->records[i].seq,
+					 h->next_seq - 1);
+			h->next_seq = c->records[i].seq + 1;
+		}
+	}
+	if ((c->kind == HISTD_CHANGE_REPLACED || c->kind == HISTD_CHANGE_CLEARED))
+		h->next_seq = (c->n_records ? c->records[c->n_records - 1].seq
+					    : c->cleared_to_seq) + 1;
+	h->v[h->n++] = (seen_change){
+		.kind = c->kind, .revision = c->revision,
+		.cleared_to_seq = c->cleared_to_seq, .n_records = c->n_records,
+		.first_seq = c->records && c->n_records ? c->records[0].seq : 0,
+		.last_seq = c->records && c->n_records ? c->records[c->n_records - 1].seq : 0,
+		.records_null = c->records == NULL,
+		.has_session = c->session != NULL,
+	};
+	pthread_cond_broadcast(&h->cv);
+	pthread_mutex_unlock(&h->mu);
+}
+
+/* Waits until the hook saw revision `rev`. */
+static void
+wait_revision(hook *h, uint64_t rev, int timeout_ms)
+{
+	int64_t give_up = histd_mono_us() + (int64_t)timeout_ms * 1000;
+
+	pthread_mutex_lock(&h->mu);
+	while (!(h->n && h->v[h->n - 1].revision >= rev)) {
+		struct timespec ts;
+
+		if (histd_mono_us() > give_up) {
+			pthread_mutex_unlock(&h->mu);
+			fail_msg("revision %" PRIu64 " not notified within %d ms "
+				 "(have %zu changes)", rev, timeout_ms, h->n);
+		}
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 50 * 1000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+	}
+	pthread_mutex_unlock(&h->mu);
+}
+
+static uint64_t
+revision_of(histd_driver *d, const char *id)
+{
+	histd_session *s = NULL;
+	uint64_t rev;
+
+	assert_int_equal(histd_driver_session_get(d, "t", id, &s), 0);
+	rev = s->revision;
+	histd_session_free(s);
+	return rev;
+}
+
+/* The second instance reads the session: a subscriber's snapshot. */
+static void
+track(histd_driver *d, const char *id)
+{
+	histd_read q = { .tenant = "t", .session_id = id, .last_n = 1 };
+	histd_read_result r = { 0 };
+
+	assert_int_equal(histd_driver_read(d, &q, &r), 0);
+	histd_read_result_clear(&r);
+}
+
+static void
+second_instance_gets_every_change_of_the_first_in_order(void **state)
+{
+	fixture *f = *state;
+	histd_driver *d2;
+	hook h = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+		   .next_seq = 1 };
+	histd_append_result res;
+	uint64_t rev, cleared;
+	size_t len;
+	uint8_t *sum;
+	histd_record summary;
+	histd_kv label = { "team", "red" };
+	histd_session *upd = NULL;
+	pthread_t th[4];
+	appender ap[4];
+	const enum histd_change_kind tail[] = {
+		HISTD_CHANGE_CLEARED, HISTD_CHANGE_SUMMARY, HISTD_CHANGE_UPDATED,
+		HISTD_CHANGE_DELETED,
+	};
+
+	f->d = open_driver(f->dsn, 8);
+	d2 = open_driver(f->dsn, 4);
+	histd_driver_set_notify(d2, on_change, &h);
+	create(f->d, "s");
+	track(d2, "s");
+
+	for (int i = 0; i < 4; i++) {
+		ap[i] = (appender){ .d = f->d, .n = 25 };
+		snprintf(ap[i].id, sizeof(ap[i].id), "s");
+		assert_int_equal(pthread_create(&th[i], NULL, append_many, &ap[i]), 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(ap[i].failed, 0);
+	}
+	rev = revision_of(f->d, "s");
+	assert_int_equal(rev, 101);
+	wait_revision(&h, rev, 10000);
+	assert_int_equal(h.next_seq, 101);
+	for (size_t i = 0; i < h.n; i++) {
+		assert_int_equal(h.v[i].kind, HISTD_CHANGE_APPENDED);
+		assert_int_equal(h.v[i].records_null, 0);
+	}
+
+	assert_int_equal(histd_driver_clear(f->d, "t", "s", 0, &rev, &cleared, NULL), 0);
+	sum = pack_message("summary", "", 0, &len);
+	summary = (histd_record){ .seq = 100, .token_estimate = 3, .len = (uint32_t)len,
+				  .data = sum };
+	assert_int_equal(histd_driver_summary_put(f->d, "t", "s", 0, &summary, &rev,
+						  NULL), 0);
+	free(sum);
+	assert_int_equal(histd_driver_session_update(f->d, "t", "s", 0, &label, 1,
+						     NULL, 0, histd_now_us(), &upd,
+						     NULL), 0);
+	histd_session_free(upd);
+	rev = revision_of(f->d, "s");
+	assert_int_equal(histd_driver_session_delete(f->d, "t", "s", 0, NULL), 0);
+	wait_revision(&h, rev + 1, 10000);
+	pthread_mutex_lock(&h.mu);
+	if (h.error[0])
+		fail_msg("%s", h.error);
+	assert_true(h.n >= 4);
+	for (size_t i = 0; i < 4; i++)
+		assert_int_equal(h.v[h.n - 4 + i].kind, tail[i]);
+	assert_int_equal(h.v[h.n - 4].cleared_to_seq, 100);
+	assert_int_equal(h.v[h.n - 3].n_records, 1);
+	assert_int_equal(h.v[h.n - 2].has_session, 1);
+	pthread_mutex_unlock(&h.mu);
+	(void)res;
+	histd_driver_close(d2);
+	free(h.v);
+}
+
+static void
+second_instance_catches_up_after_its_listener_was_killed(void **state)
+{
+	fixture *f = *state;
+	histd_driver *d2;
+	hook h = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+		   .next_seq = 1 };
+	uint64_t rev;
+
+	f->d = open_driver(f->dsn, 4);
+	d2 = open_driver(f->dsn, 4);
+	histd_driver_set_notify(d2, on_change, &h);
+	create(f->d, "s");
+	track(d2, "s");
+	for (int round = 0; round < 5; round++) {
+		PGresult *r = pgh_sql(f->dsn, "SELECT pg_terminate_backend(pid) FROM "
+				      "pg_stat_activity WHERE application_name = "
+				      "'histd listener' AND datname = current_database()");
+
+		assert_non_null(r);
+		PQclear(r);
+		/* Appends while the listeners reconnect: their notices may be
+		 * lost; the catch-up after the reconnect must cover them. */
+		for (int i = 0; i < 20; i++)
+			assert_int_equal(append_text(f->d, "s", "y", NULL), 0);
+	}
+	rev = revision_of(f->d, "s");
+	wait_revision(&h, rev, 15000);
+	pthread_mutex_lock(&h.mu);
+	if (h.error[0])
+		fail_msg("%s", h.error);
+	assert_int_equal(h.next_seq, 101);
+	pthread_mutex_unlock(&h.mu);
+	histd_driver_close(d2);
+	free(h.v);
+}
+
+static void
+own_changes_reach_the_hook_before_the_call_returns(void **state)
+{
+	fixture *f = *state;
+	hook h = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+		   .next_seq = 1 };
+	histd_append_result res;
+
+	f->d = open_driver(f->dsn, 2);
+	histd_driver_set_notify(f->d, on_change, &h);
+	create(f->d, "s");
+	for (int i = 0; i < 10; i++) {
+		assert_int_equal(append_text(f->d, "s", "z", &res), 0);
+		pthread_mutex_lock(&h.mu);
+		assert_int_equal(h.n, (size_t)i + 1);
+		assert_int_equal(h.v[i].revision, res.revision);
+		assert_int_equal(h.v[i].first_seq, res.first_seq);
+		pthread_mutex_unlock(&h.mu);
+	}
+	histd_driver_set_notify(f->d, NULL, NULL);
+	free(h.v);
+}
+
+int
+main(void)
+{
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+	const struct CMUnitTest tests[] = {
+		T(refuses_a_schema_newer_than_the_binary),
+		T(replicas_starting_together_migrate_once),
+		T(open_without_a_dsn_or_with_a_dead_one_fails_cleanly),
+		T(messages_keep_queryable_columns_beside_their_bytes),
+		T(concurrent_appends_share_commits),
+		T(reads_and_lists_use_indexes_not_scans),
+		T(second_instance_gets_every_change_of_the_first_in_order),
+		T(second_instance_catches_up_after_its_listener_was_killed),
+		T(own_changes_reach_the_hook_before_the_call_returns),
+	};
+
+	return cmocka_run_group_tests(tests, group_setup, NULL);
+}

@@ -1,0 +1,470 @@
+/*
+ * PostgreSQL stopped under load, then started again, with a real histd:
+ * - every call fails UNAVAILABLE while it is down (none hangs, none says OK
+ *   for a write that is then lost), health says NOT_SERVING;
+ * - histd recovers by itself within seconds once PostgreSQL is back,
+ *   health says SERVING;
+ * - every append acknowledged OK is stored, before and after;
+ * - a Subscribe stream opened before the outage lives through it and
+ *   delivers every stored message of its session in order, without a gap.
+ *
+ * Once with a fast shutdown (backends terminated), once with an immediate
+ * one (a crash: PostgreSQL recovers from its WAL at the next start). The
+ * cluster is this test's own (it is stopped), made with pgtest.sh.
+ *
+ * Usage: pg_outage <histd binary>, with $HISTD_PGTEST.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "harness.h"
+#include "pgharness.h"
+
+#define LOADERS 4
+#define CALL_MS 5000
+
+static char dir[128], state[192];
+static char *cluster;
+
+static int
+group_setup(void **st)
+{
+	(void)st;
+	snprintf(dir, sizeof(dir), "/tmp/histd-outage-XXXXXX");
+	if (!mkdtemp(dir))
+		return -1;
+	snprintf(state, sizeof(state), "%s/cluster.state", dir);
+	return pgh_cluster_start(state, &cluster);
+}
+
+static int
+group_teardown(void **st)
+{
+	(void)st;
+	pgh_cluster("stop", state, NULL);
+	rmdir(dir);
+	free(cluster);
+	return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Load */
+
+typedef struct acked {
+	uint64_t seq;
+	char text[48];
+	int session;            /* LOADERS: the watched one */
+} acked;
+
+typedef struct loader {
+	histd_client *c;
+	int id;
+	char **sessions;        /* LOADERS + 1 */
+	atomic_int *stop;
+	acked *ok;
+	size_t n_ok, cap;
+	int n_unavailable;
+	int n_other;
+	grpc_status_code other_code;
+	atomic_llong last_ok_ms;
+} loader;
+
+static grpc_status_code
+append_one(histd_client *c, const char *session, const char *text, uint64_t *seq)
+{
+	tarena *a = ta_new();
+	Histd__V1__AppendRequest req = HISTD__V1__APPEND_REQUEST__INIT;
+	Histd__V1__Message *m = tm_text(a, HISTD__V1__ROLE__ROLE_USER, text);
+	Histd__V1__AppendResponse *resp = NULL;
+	histd_status st;
+	grpc_status_code code;
+
+	req.session_id = (char *)session;
+	req.n_messages = 1;
+	req.messages = &m;
+	histd_status_init(&st);
+	histd_client_unary(c, HISTD_PATH("Append"), &req.base,
+			   &histd__v1__append_response__descriptor, CALL_MS, NULL,
+			   (ProtobufCMessage **)&resp, &st);
+	code = st.code;
+	if (resp) {
+		*seq = resp->first_seq;
+		histd_client_message_free(&resp->base);
+	}
+	histd_status_reset(&st);
+	ta_free(a);
+	return code;
+}
+
+static void *
+load(void *arg)
+{
+	loader *l = arg;
+
+	for (int n = 0; !atomic_load(l->stop); n++) {
+		/* Every other append goes to the watched session. */
+		int s = n % 2 ? LOADERS : l->id;
+		char text[48];
+		uint64_t seq = 0;
+		grpc_status_code code;
+
+		snprintf(text, sizeof(text), "l%d-%d", l->id, n);
+		code = append_one(l->c, l->sessions[s], text, &seq);
+		if (code == GRPC_STATUS_OK) {
+			if (l->n_ok == l->cap) {
+				l->cap = l->cap ? l->cap * 2 : 1024;
+				l->ok = realloc(l->ok, l->cap * sizeof(*l->ok));
+				if (!l->ok)
+					abort();
+			}
+			l->ok[l->n_ok].seq = seq;
+			l->ok[l->n_ok].session = s;
+			snprintf(l->ok[l->n_ok].text, sizeof(l->ok[0].text), "%s", text);
+			l->n_ok++;
+			atomic_store(&l->last_ok_ms, t_now_ms());
+		} else if (code == GRPC_STATUS_UNAVAILABLE) {
+			l->n_unavailable++;
+			usleep(20000);
+		} else {
+			l->n_other++;
+			l->other_code = code;
+			usleep(20000);
+		}
+	}
+	return NULL;
+}
+
+/* ------------------------------------------------------------------------
+ * A subscriber reading in its own thread (no cmocka asserts off the main
+ * thread: it records what went wrong). */
+
+typedef struct watcher {
+	histd_client_stream *st;
+	atomic_int stop;
+	atomic_ullong next_seq;  /* the next seq it must see */
+	char **text;             /* by seq */
+	size_t cap;
+	char error[160];
+	int ended;
+} watcher;
+
+static void *
+watch(void *arg)
+{
+	watcher *w = arg;
+	uint64_t last_rev = 0;
+
+	while (!atomic_load(&w->stop)) {
+		ProtobufCMessage *m = NULL;
+		int r = histd_client_stream_next(w->st, &histd__v1__history_event__descriptor,
+						 200, &m);
+		Histd__V1__HistoryEvent *ev = (Histd__V1__HistoryEvent *)m;
+
+		if (r == HISTD_STREAM_TIMEOUT)
+			continue;
+		if (r != HISTD_STREAM_MESSAGE) {
+			const histd_status *st = histd_client_stream_status(w->st);
+
+			snprintf(w->error, sizeof(w->error), "stream ended: %s %s",
+				 st ? histd_status_code_name(st->code) : "?",
+				 st && st->details ? st->details : "");
+			w->ended = 1;
+			return NULL;
+		}
+		if (ev->revision <= last_rev && !w->error[0])
+			snprintf(w->error, sizeof(w->error), "revision %" PRIu64
+				 " after %" PRIu64, ev->revision, last_rev);
+		last_rev = ev->revision;
+		if (ev->event_case != HISTD__V1__HISTORY_EVENT__EVENT_APPENDED) {
+			if (!w->error[0])
+				snprintf(w->error, sizeof(w->error), "event %d",
+					 ev->event_case);
+		} else {
+			for (size_t i = 0; i < ev->appended->n_messages; i++) {
+				const Histd__V1__Message *msg = ev->appended->messages[i];
+				uint64_t want = atomic_load(&w->next_seq);
+
+				if (msg->seq != want && !w->error[0])
+					snprintf(w->error, sizeof(w->error), "seq %" PRIu64
+						 " arrived, %" PRIu64 " expected", msg->seq, want);
+				if (msg->seq >= w->cap) {
+					size_t cap = w->cap ? w->cap * 2 : 1024;
+
+					while (cap <= msg->seq)
+						cap *= 2;
+					w->text = realloc(w->text, cap * sizeof(*w->text));
+					if (!w->text)
+						abort();
+					memset(w->text + w->cap, 0, (cap - w->cap) * sizeof(char *));
+					w->cap = cap;
+				}
+				free(w->text[msg->seq]);
+				w->text[msg->seq] = strdup(tm_first_text(msg));
+				atomic_store(&w->next_seq, msg->seq + 1);
+			}
+		}
+		histd_client_message_free(&ev->base);
+	}
+	return NULL;
+}
+
+/* ------------------------------------------------------------------------
+ * Checks */
+
+static int
+health(histd_client *c)
+{
+	Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+	Grpc__Health__V1__HealthCheckResponse *resp = NULL;
+	histd_status st;
+	int status = -1;
+
+	histd_status_init(&st);
+	if (histd_client_unary(c, HISTD_PATH_HEALTH_CHECK, &req.base,
+			       &grpc__health__v1__health_check_response__descriptor,
+			       2000, NULL, (ProtobufCMessage **)&resp, &st) == 0) {
+		status = resp->status;
+		histd_client_message_free(&resp->base);
+	}
+	histd_status_reset(&st);
+	return status;
+}
+
+static int
+wait_health(histd_client *c, int want, int timeout_ms)
+{
+	int64_t give_up = t_now_ms() + timeout_ms, start = t_now_ms();
+
+	while (t_now_ms() < give_up) {
+		if (health(c) == want)
+			return (int)(t_now_ms() - start);
+		usleep(50000);
+	}
+	return -1;
+}
+
+/* Every stored message of a session, text by seq (NULL where none). */
+static char **
+stored(histd_client *c, const char *session, uint64_t *last)
+{
+	char **text = NULL;
+	size_t cap = 0;
+	uint64_t after = 0;
+
+	*last = 0;
+	for (;;) {
+		Histd__V1__GetMessagesResponse *r = t_get_raw(c, session, after, 1000);
+
+		for (size_t i = 0; i < r->n_messages; i++) {
+			const Histd__V1__Message *m = r->messages[i];
+
+			if (m->seq >= cap) {
+				size_t nc = cap ? cap * 2 : 1024;
+
+				while (nc <= m->seq)
+					nc *= 2;
+				text = realloc(text, nc * sizeof(*text));
+				assert_non_null(text);
+				memset(text + cap, 0, (nc - cap) * sizeof(*text));
+				cap = nc;
+			}
+			text[m->seq] = strdup(tm_first_text(m));
+			*last = m->seq;
+		}
+		after = r->next_after_seq;
+		histd_client_message_free(&r->base);
+		if (!after)
+			break;
+	}
+	return text;
+}
+
+static void
+free_texts(char **t, uint64_t last)
+{
+	for (uint64_t i = 0; t && i <= last; i++)
+		free(t[i]);
+	free(t);
+}
+
+/* ------------------------------------------------------------------------
+ * The test */
+
+static void
+outage(const char *mode)
+{
+	char *db = pgh_new_database(cluster, mode);
+	const char *extra[] = {
+		"--driver", "postgres", "--dsn", db, "--pool-size", "8",
+		"--threads", "16", NULL,
+	};
+	histd_proc *p = NULL;
+	histd_client *c;
+	char *sessions[LOADERS + 1];
+	pthread_t th[LOADERS], wth;
+	loader l[LOADERS];
+	watcher w = { .next_seq = 1 };
+	atomic_int stop = 0;
+	int ms, n_unavailable = 0;
+	int64_t up_at;
+	size_t before_ok[LOADERS];
+
+	assert_non_null(db);
+	assert_int_equal(harness_start(&p, extra), 0);
+	c = harness_client(p);
+	for (int i = 0; i <= LOADERS; i++) {
+		char id[64];
+
+		snprintf(id, sizeof(id), "%s-%d", mode, i);
+		sessions[i] = t_create_session(c, id);
+	}
+	w.st = t_subscribe(c, sessions[LOADERS], 0);
+	assert_int_equal(pthread_create(&wth, NULL, watch, &w), 0);
+	for (int i = 0; i < LOADERS; i++) {
+		l[i] = (loader){ .c = c, .id = i, .sessions = sessions, .stop = &stop };
+		assert_int_equal(pthread_create(&th[i], NULL, load, &l[i]), 0);
+	}
+	usleep(1000000);
+	assert_int_equal(health(c), GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+
+	/* Down. */
+	assert_int_equal(pgh_cluster("halt", state, mode), 0);
+	ms = wait_health(c, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING,
+			 10000);
+	print_message("%s: health NOT_SERVING %d ms after the stop\n", mode, ms);
+	assert_true(ms >= 0);
+	usleep(1500000);
+	for (int i = 0; i < LOADERS; i++)
+		before_ok[i] = l[i].n_ok;
+	usleep(1000000);
+	/* Nothing succeeds while it is down. */
+	for (int i = 0; i < LOADERS; i++)
+		assert_int_equal(l[i].n_ok, before_ok[i]);
+
+	/* Up again: recovery without help. */
+	assert_int_equal(pgh_cluster("resume", state, NULL), 0);
+	up_at = t_now_ms();
+	for (;;) {
+		int recovered = 1;
+
+		for (int i = 0; i < LOADERS; i++)
+			if (atomic_load(&l[i].last_ok_ms) < up_at)
+				recovered = 0;
+		if (recovered)
+			break;
+		if (t_now_ms() - up_at > 15000)
+			fail_msg("%s: appends did not recover within 15 s", mode);
+		usleep(20000);
+	}
+	print_message("%s: every loader appends again %" PRId64 " ms after the start\n",
+		      mode, t_now_ms() - up_at);
+	assert_true(t_now_ms() - up_at < 10000);
+	ms = wait_health(c, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING,
+			 10000);
+	print_message("%s: health SERVING %d ms after that\n", mode, ms);
+	assert_true(ms >= 0);
+	usleep(1000000);
+	atomic_store(&stop, 1);
+	for (int i = 0; i < LOADERS; i++)
+		pthread_join(th[i], NULL);
+
+	/* Only OK or UNAVAILABLE, ever. */
+	for (int i = 0; i < LOADERS; i++) {
+		if (l[i].n_other)
+			fail_msg("loader %d: %d calls ended %s", i, l[i].n_other,
+				 histd_status_code_name(l[i].other_code));
+		n_unavailable += l[i].n_unavailable;
+	}
+	assert_true(n_unavailable > 0);
+
+	/* Every acknowledged append is stored, as acknowledged. */
+	{
+		char **text[LOADERS + 1];
+		uint64_t last[LOADERS + 1];
+		size_t n_ok = 0;
+
+		for (int s = 0; s <= LOADERS; s++)
+			text[s] = stored(c, sessions[s], &last[s]);
+		for (int i = 0; i < LOADERS; i++)
+			for (size_t k = 0; k < l[i].n_ok; k++) {
+				const acked *a = &l[i].ok[k];
+
+				if (a->seq > last[a->session] || !text[a->session][a->seq] ||
+				    strcmp(text[a->session][a->seq], a->text) != 0)
+					fail_msg("%s: acknowledged %s at seq %" PRIu64
+						 " of %s is not stored", mode, a->text,
+						 a->seq, sessions[a->session]);
+				n_ok++;
+			}
+		print_message("%s: %zu appends acknowledged and stored, %d UNAVAILABLE\n",
+			      mode, n_ok, n_unavailable);
+
+		/* The stream delivered every stored message of its session. */
+		int64_t give_up = t_now_ms() + 15000;
+
+		while (atomic_load(&w.next_seq) <= last[LOADERS] && !w.ended &&
+		       t_now_ms() < give_up)
+			usleep(20000);
+		atomic_store(&w.stop, 1);
+		pthread_join(wth, NULL);
+		if (w.error[0])
+			fail_msg("%s: subscriber: %s", mode, w.error);
+		assert_int_equal(atomic_load(&w.next_seq), last[LOADERS] + 1);
+		for (uint64_t q = 1; q <= last[LOADERS]; q++)
+			if (text[LOADERS][q])
+				assert_string_equal(w.text[q], text[LOADERS][q]);
+		for (int s = 0; s <= LOADERS; s++)
+			free_texts(text[s], last[s]);
+	}
+
+	histd_client_stream_close(w.st);
+	for (size_t q = 0; q < w.cap; q++)
+		free(w.text[q]);
+	free(w.text);
+	for (int i = 0; i < LOADERS; i++)
+		free(l[i].ok);
+	for (int i = 0; i <= LOADERS; i++)
+		free(sessions[i]);
+	histd_client_close(c);
+	assert_int_equal(harness_stop(p), 0);
+	pgh_drop_database(db);
+	free(db);
+}
+
+static void
+postgres_fast_shutdown_under_load_loses_no_acknowledged_append(void **st)
+{
+	(void)st;
+	outage("fast");
+}
+
+static void
+postgres_crash_under_load_loses_no_acknowledged_append(void **st)
+{
+	(void)st;
+	outage("immediate");
+}
+
+int
+main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(postgres_fast_shutdown_under_load_loses_no_acknowledged_append),
+		cmocka_unit_test(postgres_crash_under_load_loses_no_acknowledged_append),
+	};
+
+	if (harness_init(argc, argv) != 0)
+		return 1;
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
