@@ -195,6 +195,30 @@ static const struct opt opts[] = {
 	{ "summarizer-max-response-bytes", OPT_SIZE,
 	  OFF(summarizer_http.max_response_bytes), "16M",
 	  "largest provider answer accepted" },
+	{ "embedding-provider", OPT_STR, OFF(embedding.provider), "",
+	  "embeddings of sessions whose config names none: openai, gemini\n"
+	  "      or mistral (empty: none; base URL and key variable are the\n"
+	  "      <provider>-base-url and <provider>-api-key-env options)" },
+	{ "embedding-model", OPT_STR, OFF(embedding.model), "",
+	  "embedding model of embedding-provider (empty: the provider's\n"
+	  "      default: text-embedding-3-small, gemini-embedding-001,\n"
+	  "      mistral-embed)" },
+	{ "embedding-workers", OPT_INT, OFF(embedding.workers), "1",
+	  "threads computing message embeddings off the request path" },
+	{ "embedding-queue", OPT_SIZE, OFF(embedding.queue_max), "10000",
+	  "embedding jobs waiting (more are dropped, counted, and\n"
+	  "      backfilled by the next semantic search)" },
+	{ "embedding-batch", OPT_U32, OFF(embedding.batch), "32",
+	  "messages per embedding call (1..96)" },
+	{ "embedding-retries", OPT_U32, OFF(embedding.retries), "5",
+	  "retries of a failed embedding job (backoff doubling from\n"
+	  "      embedding-retry-base, at most 60 s)" },
+	{ "embedding-retry-base", OPT_SECONDS, OFF(embedding.retry_base_us), "1",
+	  "seconds before the first retry of a failed embedding job" },
+	{ "embedding-max-text-bytes", OPT_U32, OFF(embedding.max_text_bytes),
+	  "8192", "text of one message embedded (longer text is cut)" },
+	{ "embedding-timeout-ms", OPT_U32, OFF(embedding.timeout_ms), "30000",
+	  "one embedding call, retries included" },
 };
 
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
@@ -568,6 +592,14 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 	if (cfg->summarizer_http.max_concurrent == 0) {
 		fprintf(stderr, "histd: summarizer-max-concurrent must be at "
 			"least 1\n");
+		return -1;
+	}
+	if (cfg->embedding.workers < 1 || cfg->embedding.queue_max == 0 ||
+	    cfg->embedding.batch == 0 || cfg->embedding.batch > 96 ||
+	    cfg->embedding.max_text_bytes < 16) {
+		fprintf(stderr, "histd: embedding-workers and embedding-queue "
+			"must be at least 1, embedding-batch 1..96, "
+			"embedding-max-text-bytes at least 16\n");
 		return -1;
 	}
 	if (cfg->service.max_messages_per_append == 0 ||

@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "context.h"
+#include "embedder.h"
 #include "http.h"
 #include "hub.h"
 #include "service.h"
@@ -62,6 +63,9 @@ typedef struct histd_config {
 	histd_provider_config gemini;
 	histd_provider_config mistral;
 	histd_http_config summarizer_http;
+	/* Embeddings for semantic search (embedder.h); the providers'
+	 * base URLs and key variables are the summarizers' above. */
+	histd_embedder_config embedding;
 } histd_config;
 
 /*

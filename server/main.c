@@ -14,6 +14,7 @@
  * message saying which options and variable to set.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <grpc/grpc.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@
 #include "config.h"
 #include "context.h"
 #include "driver.h"
+#include "embedder.h"
 #include "hub.h"
 #include "log.h"
 #include "metrics.h"
@@ -193,6 +195,52 @@ summarizers_open(summarizers *z, const histd_config *cfg)
 	return 0;
 }
 
+/* ---------------------------------------------------------------------- */
+/* The driver's change hook: the hub, then the embedding worker            */
+
+/*
+ * Both halves only queue: the hub its events, the embedder (tenant,
+ * session, seqs) jobs. The embedder is set once it exists (it needs the
+ * provider HTTP layer opened after the hook) and is stopped, not freed,
+ * while the driver may still call the hook.
+ */
+typedef struct change_hook {
+	histd_hub *hub;
+	_Atomic(histd_embedder *) emb;
+} change_hook;
+
+static void
+change_both(void *arg, const histd_change *c)
+{
+	change_hook *h = arg;
+
+	histd_hub_notify(h->hub, c);
+	histd_embedder_notify(atomic_load(&h->emb), c);
+}
+
+/* The embedding worker on the summarizers' HTTP layer; -1 after logging. */
+static int
+embedder_open(histd_embedder **out, histd_driver *drv, const histd_config *cfg,
+	      histd_http *http)
+{
+	const histd_embedder_provider prov[] = {
+		{ "openai", cfg->openai.base_url, cfg->openai.api_key_env },
+		{ "gemini", cfg->gemini.base_url, cfg->gemini.api_key_env },
+		{ "mistral", cfg->mistral.base_url, cfg->mistral.api_key_env },
+	};
+
+	if (histd_embedder_new(out, drv, &cfg->embedding, http, prov,
+			       sizeof(prov) / sizeof(prov[0])) != 0) {
+		histd_log(HISTD_LOG_ERROR, "cannot start embeddings",
+			  "error", histd_error_message(), NULL);
+		return -1;
+	}
+	if (*cfg->embedding.provider)
+		histd_log(HISTD_LOG_INFO, "embeddings ready", "provider",
+			  cfg->embedding.provider, NULL);
+	return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -205,6 +253,8 @@ main(int argc, char **argv)
 	histd_server *srv = NULL;
 	summarizers sums = { 0 };
 	histd_summarizer_source src;
+	change_hook hook = { 0 };
+	histd_embedder *emb = NULL;
 	sigset_t sigs;
 	int rc, port = 0, mport = 0, sig = 0;
 	char portbuf[16];
@@ -251,14 +301,21 @@ main(int argc, char **argv)
 	}
 	rc = histd_hub_new(&hub, &cfg.hub);
 	if (rc == 0) {
-		histd_driver_set_notify(drv, histd_hub_notify, hub);
+		hook.hub = hub;
+		histd_driver_set_notify(drv, change_both, &hook);
 		rc = histd_context_new(&ctx, drv, &cfg.context);
 	}
 	if (rc == 0 && summarizers_open(&sums, &cfg) != 0) {
 		rc = -1;
 		goto out;
 	}
+	if (rc == 0 && embedder_open(&emb, drv, &cfg, sums.http) != 0) {
+		rc = -1;
+		goto out;
+	}
 	if (rc == 0) {
+		atomic_store(&hook.emb, emb);
+		histd_search_set_embedder(histd_embedder_search(emb));
 		src.exists = source_exists;
 		src.open = source_open;
 		src.arg = &sums;
@@ -300,6 +357,10 @@ out:
 	histd_metrics_stop();
 	/* Before the hub (its error sink) and the driver (its workers). */
 	histd_context_free(ctx);
+	/* No search runs any more; the workers stop before the HTTP layer
+	 * and the driver go (freed after the driver's last notify). */
+	histd_search_set_embedder(NULL);
+	histd_embedder_stop(emb);
 	/* No compaction runs any more: the summarizers can go. */
 	histd_compaction_set_source(NULL);
 	if (sums.http)
@@ -309,6 +370,7 @@ out:
 	histd_service_free(svc);
 	if (drv)
 		histd_driver_close(drv);
+	histd_embedder_free(emb);
 	grpc_shutdown();
 	if (rc == 0)
 		histd_log(HISTD_LOG_INFO, "stopped", NULL);

@@ -220,6 +220,7 @@ typedef struct sess_emb {
 	char *id;
 	char *provider;         /* NULL: no embeddings */
 	char *model;
+	uint64_t last_seq;
 } sess_emb;
 
 typedef struct scope {
@@ -262,6 +263,7 @@ scope_add(scope *s, const histd_session *x)
 	if (cfg)
 		histd__v1__session_config__free_unpacked(cfg, NULL);
 	e.id = strdup(x->id);
+	e.last_seq = x->last_seq;
 	if (!e.id || (prov && (!e.provider || !e.model))) {
 		free(e.id);
 		free(e.provider);
@@ -367,6 +369,12 @@ semantic(histd_driver *d, const histd_search_query *base, scope *sc, plan *p)
 			    strcmp(sc->v[j].model, sc->v[i].model) == 0) {
 				ids[n++] = sc->v[j].id;
 				done[j] = 1;
+				/* Messages stored before the session asked for
+				 * embeddings, or dropped from a full queue,
+				 * get their vectors now, off this call. */
+				if (e->backfill)
+					e->backfill(e->ctx, base->tenant,
+						    sc->v[j].id, sc->v[j].last_seq);
 			}
 		rc = e->embed(e->ctx, sc->v[i].provider, sc->v[i].model,
 			      base->text, &v, &dim, &model_out);

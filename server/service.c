@@ -610,6 +610,31 @@ kv_collect(ProtobufCMessage *const *entries, size_t n, const char *field,
 static int
 validate_config(const Histd__V1__SessionConfig *c, const char *field)
 {
+	const Histd__V1__EmbeddingConfig *e = c->embeddings;
+
+	if (e) {
+		static const char *const providers[] = { "", "openai", "gemini",
+							 "mistral" };
+		int known = 0;
+
+		for (size_t i = 0; i < 4; i++)
+			known |= strcmp(e->provider, providers[i]) == 0;
+		if (!known)
+			return histd_error_set(HISTD_EINVALID,
+				"%s.embeddings.provider must be openai, gemini, "
+				"mistral or empty", field);
+		/* Gemini puts the model in the URL path. */
+		if (strlen(e->model) > 128 ||
+		    strspn(e->model, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+			   "abcdefghijklmnopqrstuvwxyz0123456789._-") !=
+		    strlen(e->model))
+			return histd_error_set(HISTD_EINVALID,
+				"%s.embeddings.model must be at most 128 "
+				"characters of [A-Za-z0-9._-]", field);
+		if (!e->provider[0] && e->model[0])
+			return histd_error_set(HISTD_EINVALID,
+				"%s.embeddings.model needs a provider", field);
+	}
 	return histd_context_validate(c, field);
 }
 

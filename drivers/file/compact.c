@@ -44,6 +44,7 @@ typedef struct cap_session {
 	size_t n_tools;
 	hf_idem **idem;
 	size_t n_idem;
+	histd_vecs vecs;        /* deep copies: a clear may free the state's */
 	uint64_t *offs;         /* where each message's bytes are in the snapshot */
 } cap_session;
 
@@ -86,6 +87,7 @@ capture_free(capture *c)
 		for (size_t j = 0; j < cs->n_idem; j++)
 			free(cs->idem[j]);
 		free(cs->idem);
+		histd_vecs_clear(&cs->vecs);
 	}
 	free(c->v);
 	*c = (capture){ 0 };
@@ -140,6 +142,8 @@ capture_one(cap_session *cs, const hf_session *s, int64_t now)
 			return -1;
 		cs->n_idem++;
 	}
+	if (histd_vecs_copy(&cs->vecs, &s->vecs, UINT64_MAX))
+		return -1;
 	return 0;
 }
 
@@ -240,6 +244,12 @@ write_session(snap_writer *w, cap_session *cs)
 		if (!sum && cs->offs)
 			cs->offs[i] = w->bytes + w->b.len;
 		hf_put_raw(&w->b, x->data, x->len);
+		sw_end(w, m);
+	}
+	/* After the messages: loading one needs its message (the role). */
+	for (size_t i = 0; i < cs->vecs.n && !w->err; i++) {
+		m = hf_frame_begin(&w->b, HF_T_S_EMBED);
+		hf_put_vec(&w->b, cs->vecs.v[i]);
 		sw_end(w, m);
 	}
 	for (size_t i = 0; i < cs->n_tools && !w->err; i++) {

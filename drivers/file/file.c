@@ -996,6 +996,62 @@ fd_summary_put(histd_driver *dd, const char *tenant, const char *id,
 	return commit(d, s, NULL, 0);
 }
 
+/* ---------------------------------------------------------------------- */
+/* Embeddings                                                              */
+
+static int
+fd_embedding_put(histd_driver *dd, const char *tenant, const char *id,
+		 uint64_t seq, const char *model, const float *v, uint32_t dim)
+{
+	hf_driver *d = (hf_driver *)dd;
+	histd_vec *x;
+	hf_session *s;
+	size_t i, mark;
+	hf_buf *b;
+	int rc;
+
+	if ((rc = lock_write(d)))
+		return rc;
+	if (!(s = find(d, tenant, id)))
+		return settle_missing(d, not_found());
+	i = hf_first_after(s->msgs, s->n_msgs, seq - 1);
+	if (i == s->n_msgs || s->msgs[i].seq != seq)
+		return settle(d, s->lsn, histd_error_set(HISTD_ENOTFOUND,
+				 "no stored message has seq %llu",
+				 (unsigned long long)seq));
+	if (hf_vecs_reserve(s)) {
+		pthread_rwlock_unlock(&d->lock);
+		return enomem();
+	}
+	x = histd_vec_new(seq, (uint8_t)histd_index_message_role(s->msgs[i].data,
+								 s->msgs[i].len),
+			  model, v, dim);
+	if (!x) {
+		pthread_rwlock_unlock(&d->lock);
+		return histd_error_set(HISTD_EINVALID, "the embedding is a zero "
+				       "vector or memory ran out");
+	}
+	if (!(b = hf_wal_begin(d->wal))) {
+		free(x);
+		pthread_rwlock_unlock(&d->lock);
+		return HISTD_EUNAVAILABLE;
+	}
+	/* The normalized vector is logged: replay stores the same floats. */
+	mark = hf_frame_begin(b, HF_T_EMBED);
+	hf_put_str(b, tenant);
+	hf_put_str(b, id);
+	hf_put_vec(b, x);
+	hf_frame_end(b, mark);
+	if ((rc = encoded(d, b, mark, 0, NULL))) {
+		free(x);
+		pthread_rwlock_unlock(&d->lock);
+		return rc;
+	}
+	hf_vec_put(s, x);
+	hf_session_account(d, s);
+	return commit(d, s, NULL, 0);
+}
+
 static int
 fd_summary_get(histd_driver *dd, const char *tenant, const char *id,
 	       histd_record **out)
@@ -1226,6 +1282,7 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 		.ping = fd_ping,
 		.close = fd_close,
 		.search = hf_search,
+		.embedding_put = fd_embedding_put,
 	};
 	d->dirfd = d->lockfd = -1;
 	d->mode = mode;

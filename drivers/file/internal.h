@@ -43,6 +43,8 @@ enum hf_type {
 	HF_T_CLEAR = 7,
 	HF_T_REPLACE = 8,
 	HF_T_SUMMARY = 9,
+	/* A message's embedding (derived data: no revision). */
+	HF_T_EMBED = 10,
 	/* Snapshot records: a session, then what it holds. */
 	HF_T_S_SESSION = 16,
 	HF_T_S_MSG = 17,
@@ -50,6 +52,7 @@ enum hf_type {
 	HF_T_S_TOOL = 19,
 	HF_T_S_IDEM = 20,
 	HF_T_S_END = 21,
+	HF_T_S_EMBED = 22,      /* after the session's messages */
 };
 
 /* A growable byte buffer; a failed allocation sets oom and later puts do
@@ -177,6 +180,7 @@ typedef struct hf_session {
 	uint64_t lsn;           /* the last record that changed it */
 	uint64_t live;          /* its estimated size in a snapshot */
 	histd_vecs vecs;        /* embeddings, seq order (search.c) */
+	uint64_t vec_bytes;     /* their frames in a snapshot, at most */
 } hf_session;
 
 struct hf_tenant {
@@ -438,6 +442,21 @@ void hf_index_clear(hf_session *s);
 void hf_index_forget(hf_session *s);
 int hf_search(histd_driver *dd, const histd_search_query *q,
 	      histd_search_result *out);
+
+/* Embeddings, live (file.c) and replayed (load.c). Bytes of one vector's
+ * frame in a snapshot, at most. */
+#define HF_VEC_FRAME(dim, model_len) (40 + (uint64_t)(model_len) + 4 * (uint64_t)(dim))
+/* Room for one more vector in s: 0 or ENOMEM. */
+int hf_vecs_reserve(hf_session *s);
+/* Stores x (room reserved), replacing a vector of the same seq. */
+void hf_vec_put(hf_session *s, histd_vec *x);
+/* Encodes a vector's fields (seq, model, dim, floats) after the caller's
+ * own (log: tenant, id). */
+void hf_put_vec(hf_buf *b, const histd_vec *x);
+/* Decodes them into a new vector of the message at index i of s->msgs
+ * (role from the message): 0, ECORRUPT (does not decode) or ENOMEM.
+ * *x NULL when no stored message has that seq. */
+int hf_get_vec(hf_rd *rd, const hf_session *s, histd_vec **x);
 
 /* Removes the logs and snapshots of generations below gen, and syncs the
  * directory. */

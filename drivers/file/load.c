@@ -434,6 +434,30 @@ do_summary(replay *r, hf_rd *rd)
 	return 0;
 }
 
+static int
+do_embed(replay *r, hf_rd *rd)
+{
+	hf_session *s = rd_session(r, rd);
+	histd_vec *x;
+	int rc;
+
+	if (rd->bad)
+		return corrupt(r, "does not decode");
+	if (!s)
+		return corrupt(r, "does not follow its session's state");
+	if ((rc = hf_get_vec(rd, s, &x)))
+		return oom_or(r, rc, "does not decode");
+	if (!x)
+		return 0;
+	if (hf_vecs_reserve(s)) {
+		free(x);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	hf_vec_put(s, x);
+	hf_session_account(r->d, s);
+	return 0;
+}
+
 /* ---------------------------------------------------------------------- */
 /* Snapshot records                                                        */
 
@@ -581,6 +605,27 @@ snap_idem(replay *r, hf_rd *rd)
 }
 
 static int
+snap_embed(replay *r, hf_rd *rd)
+{
+	hf_session *s = r->cur;
+	histd_vec *x;
+	int rc;
+
+	if (!s)
+		return corrupt(r, "does not decode");
+	if ((rc = hf_get_vec(rd, s, &x)))
+		return oom_or(r, rc, "does not decode");
+	if (!x)
+		return corrupt(r, "does not fit the snapshot's session");
+	if (hf_vecs_reserve(s)) {
+		free(x);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	hf_vec_put(s, x);
+	return 0;
+}
+
+static int
 snap_end(replay *r, hf_rd *rd)
 {
 	uint64_t sessions = hf_get_varint(rd), records = hf_get_varint(rd);
@@ -610,6 +655,7 @@ apply_frame(replay *r, const uint8_t *body, uint32_t len)
 		case HF_T_S_SUMMARY: return snap_msg(r, &rd, 1);
 		case HF_T_S_TOOL: return snap_tool(r, &rd);
 		case HF_T_S_IDEM: return snap_idem(r, &rd);
+		case HF_T_S_EMBED: return snap_embed(r, &rd);
 		case HF_T_S_END: return snap_end(r, &rd);
 		default: return corrupt(r, "has a type snapshots do not hold");
 		}
@@ -623,6 +669,7 @@ apply_frame(replay *r, const uint8_t *body, uint32_t len)
 	case HF_T_CLEAR: return do_clear(r, &rd);
 	case HF_T_REPLACE: return do_batch(r, &rd, 1);
 	case HF_T_SUMMARY: return do_summary(r, &rd);
+	case HF_T_EMBED: return do_embed(r, &rd);
 	default: return corrupt(r, "has a type logs do not hold");
 	}
 }

@@ -225,6 +225,95 @@ out:
 	return rc;
 }
 
+/* ---------------------------------------------------------------------- */
+/* Embeddings                                                              */
+
+int
+hf_vecs_reserve(hf_session *s)
+{
+	size_t cap;
+	histd_vec **v;
+
+	if (s->vecs.n < s->vecs.cap)
+		return 0;
+	cap = s->vecs.cap ? s->vecs.cap * 2 : 8;
+	if (!(v = realloc(s->vecs.v, cap * sizeof(*v))))
+		return enomem();
+	s->vecs.v = v;
+	s->vecs.cap = cap;
+	return 0;
+}
+
+void
+hf_vec_put(hf_session *s, histd_vec *x)
+{
+	size_t lo = 0, hi = s->vecs.n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (s->vecs.v[mid]->seq < x->seq)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo < s->vecs.n && s->vecs.v[lo]->seq == x->seq) {
+		histd_vec *old = s->vecs.v[lo];
+
+		s->vec_bytes -= HF_VEC_FRAME(old->dim, strlen(old->model));
+		free(old);
+		s->vecs.v[lo] = x;
+	} else {
+		/* Room was reserved: this cannot fail. */
+		(void)histd_vecs_put(&s->vecs, x);
+	}
+	s->vec_bytes += HF_VEC_FRAME(x->dim, strlen(x->model));
+}
+
+void
+hf_put_vec(hf_buf *b, const histd_vec *x)
+{
+	hf_put_varint(b, x->seq);
+	hf_put_str(b, x->model);
+	hf_put_varint(b, x->dim);
+	/* Host order (little-endian on every platform histd runs on), as
+	 * the rest of the format's fixed-width fields. */
+	hf_put_raw(b, x->v, (size_t)x->dim * sizeof(float));
+}
+
+int
+hf_get_vec(hf_rd *rd, const hf_session *s, histd_vec **out)
+{
+	uint64_t seq = hf_get_varint(rd), dim;
+	size_t ml, i;
+	const uint8_t *m = hf_get_bytes(rd, &ml);
+	char *model;
+	float *v;
+
+	*out = NULL;
+	dim = hf_get_varint(rd);
+	if (rd->bad || !m || memchr(m, 0, ml) || dim == 0 || dim > 65536 ||
+	    (uint64_t)(rd->end - rd->p) != dim * sizeof(float))
+		return HISTD_ECORRUPT;
+	i = hf_first_after(s->msgs, s->n_msgs, seq - 1);
+	if (i == s->n_msgs || s->msgs[i].seq != seq)
+		return 0;       /* the message went: so does its vector */
+	if (!(model = strndup((const char *)m, ml)) ||
+	    !(v = malloc(dim * sizeof(float)))) {
+		free(model);
+		return HISTD_ENOMEM;
+	}
+	memcpy(v, rd->p, dim * sizeof(float));
+	rd->p = rd->end;
+	*out = histd_vec_new(seq, (uint8_t)histd_index_message_role(s->msgs[i].data,
+								   s->msgs[i].len),
+			     model, v, (uint32_t)dim);
+	free(model);
+	free(v);
+	/* A zero vector is never stored: NULL is out of memory. */
+	return *out ? 0 : HISTD_ENOMEM;
+}
+
 int
 hf_search(histd_driver *dd, const histd_search_query *q,
 	  histd_search_result *out)

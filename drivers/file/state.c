@@ -208,6 +208,7 @@ hf_drop_messages(hf_driver *d, hf_session *s)
 	s->n_msgs = s->cap_msgs = 0;
 	s->token_total = s->bytes_total = 0;
 	histd_vecs_clear(&s->vecs);
+	s->vec_bytes = 0;
 }
 
 void
@@ -398,7 +399,8 @@ hf_session_account(hf_driver *d, hf_session *s)
 	       40 * (uint64_t)s->n_msgs + s->bytes_total +
 	       40 * (uint64_t)s->n_sums + s->sum_bytes +
 	       40 * (uint64_t)s->tools.n + s->tool_bytes +
-	       100 * (uint64_t)s->idem.n + s->idem_bytes;
+	       100 * (uint64_t)s->idem.n + s->idem_bytes +
+	       s->vec_bytes;
 	d->live_bytes += live - s->live;
 	s->live = live;
 }
@@ -738,6 +740,12 @@ hf_fork_build(const hf_session *src, uint64_t up_to_seq,
 		hf_map_put(&f->tools, c->id, c->len, c);
 		f->tool_bytes += c->len;
 	}
+	/* Embeddings go with the messages they belong to. */
+	if (histd_vecs_copy(&f->vecs, &src->vecs, last))
+		goto fail;
+	for (size_t i = 0; i < f->vecs.n; i++)
+		f->vec_bytes += HF_VEC_FRAME(f->vecs.v[i]->dim,
+					     strlen(f->vecs.v[i]->model));
 	f->last_seq = last;
 	f->cleared_to_seq = src->cleared_to_seq < last ? src->cleared_to_seq : last;
 	return f;

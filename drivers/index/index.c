@@ -1443,13 +1443,16 @@ histd_vecs_copy(histd_vecs *dst, const histd_vecs *src, uint64_t up_to)
 			    strlen(x->model) + 1;
 		histd_vec *c = malloc(sz);
 
+		/* Filled before the put, which orders by c->seq. */
+		if (c) {
+			memcpy(c, x, sz);
+			c->model = (char *)(c->v + c->dim);
+		}
 		if (!c || histd_vecs_put(dst, c)) {
 			free(c);
 			histd_vecs_clear(dst);
 			return enomem();
 		}
-		memcpy(c, x, sz);
-		c->model = (char *)(c->v + c->dim);
 	}
 	return 0;
 }

@@ -13,6 +13,9 @@
  *   context    (not in the default list) GetMessages view CONTEXT on a
  *              10,000-message session with a pipeline and a summary,
  *              against RAW last-20 on the same session
+ *   search     (not in the default list) lexical Search over 100,000
+ *              messages in 10 sessions of one tenant, against GetMessages
+ *              last-20 on one of them
  *   compaction (not in the default list) Append while automatic
  *              compaction calls a provider stub (in this process) that
  *              takes 2 s per call, against Append without compaction
@@ -75,7 +78,7 @@ static void usage(FILE *f)
 "  --rate N              fan-out appends per second (100)\n"
 "  --timeout SECONDS     per call (30)\n"
 "  --phases LIST         comma list of null,append,get,subscribe,context,\n"
-"                        compaction (default: the first four)\n"
+"                        compaction,search (default: the first four)\n"
 "  --strict              exit 2 if a target is missed\n", f);
 }
 
@@ -144,7 +147,7 @@ static int check_phases(const char *list)
 {
 	static const char *const known[] = { "null", "append", "get",
 					     "subscribe", "context",
-					     "compaction" };
+					     "compaction", "search" };
 	const char *p = list;
 
 	if (!*p)
@@ -161,7 +164,7 @@ static int check_phases(const char *list)
 		if (!ok) {
 			fprintf(stderr, "histd-bench: --phases: unknown phase "
 				"'%.*s' (null, append, get, subscribe, context, "
-				"compaction)\n",
+				"compaction, search)\n",
 				(int)len, p);
 			return -1;
 		}
@@ -534,6 +537,21 @@ static int print_summary(const struct bench *b)
 				  "1.1x without", known, v <= 1.1, m);
 	}
 
+	if (bench_phase_on(o, "search")) {
+		const struct row *sg = &b->rows[R_SEARCH_GET];
+		const struct row *ss = &b->rows[R_SEARCH];
+
+		/* No target: the figures for README, as ratios. */
+		if (sg->ran && ss->ran && sg->tput > 0 && sg->p50 > 0)
+			printf("  info  lexical Search @100000 vs GetMessages "
+			       "last-20: throughput %.2fx (%.0f vs %.0f/s), "
+			       "p50 %.2fx (%.0f vs %.0f us), p99 %.2fx (%.0f vs "
+			       "%.0f us)\n", ss->tput / sg->tput, ss->tput,
+			       sg->tput, ss->p50 / sg->p50, ss->p50, sg->p50,
+			       sg->p99 > 0 ? ss->p99 / sg->p99 : 0, ss->p99,
+			       sg->p99);
+	}
+
 	known = b->mem.ran && b->mem.packed > 0;
 	v = 1.5 * (double)b->mem.packed + 128;
 	snprintf(m, sizeof(m), "%.0f B (limit %.0f B)", b->mem.per_message, v);
@@ -640,6 +658,8 @@ int main(int argc, char **argv)
 		bench_context_phase(&b);
 	if (bench_phase_on(&b.o, "compaction") && bench_server_alive(&b))
 		bench_compaction_phase(&b);
+	if (bench_phase_on(&b.o, "search") && bench_server_alive(&b))
+		bench_search_phase(&b);
 	bench_server_alive(&b);
 
 	print_table(&b);

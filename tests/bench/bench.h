@@ -63,6 +63,7 @@ enum row_id {
 	R_NULL, R_APPEND, R_GET_SHORT, R_GET_LONG, R_SUB_APPEND, R_SUB_DELIVERY,
 	R_CTX_RAW, R_CTX_VIEW,      /* context: RAW last-20 vs CONTEXT */
 	R_CMP_BASE, R_CMP_APPEND,   /* compaction: Append without / with */
+	R_SEARCH_GET, R_SEARCH,     /* search: last-20 vs lexical Search */
 	R_COUNT
 };
 
@@ -129,6 +130,16 @@ void bench_context_phase(struct bench *b);
  * and R_CMP_APPEND.
  */
 void bench_compaction_phase(struct bench *b);
+
+/*
+ * The search phase: 100,000 messages of 25 words (from a vocabulary of
+ * 5,000 with a Zipf-like spread, so that words are common or rare as in
+ * prose) in 10 sessions of one tenant; lexical Search over the whole
+ * tenant (k 10, two-word queries, one per caller) against GetMessages
+ * last_n=20 on one of those sessions, in interleaved slices. Fills
+ * R_SEARCH_GET and R_SEARCH.
+ */
+void bench_search_phase(struct bench *b);
 
 /* Seconds one stub provider call takes in the compaction phase. */
 #define BENCH_STUB_DELAY_MS 2000

@@ -26,6 +26,7 @@ const char *const bench_method_paths[BENCH_M_COUNT] = {
 	[BENCH_M_GET_MESSAGES] = "/histd.v1.HistoryService/GetMessages",
 	[BENCH_M_SUBSCRIBE] = "/histd.v1.HistoryService/Subscribe",
 	[BENCH_M_REDUCE] = "/histd.v1.HistoryService/Reduce",
+	[BENCH_M_SEARCH] = "/histd.v1.HistoryService/Search",
 };
 
 struct bench_worker {

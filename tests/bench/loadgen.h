@@ -53,6 +53,7 @@ enum bench_method {
 	BENCH_M_GET_MESSAGES,
 	BENCH_M_SUBSCRIBE,
 	BENCH_M_REDUCE,
+	BENCH_M_SEARCH,
 	BENCH_M_COUNT
 };
 extern const char *const bench_method_paths[BENCH_M_COUNT];

@@ -5,8 +5,12 @@
 #include "stub_provider.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
+#include <jansson.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +30,8 @@ struct stub {
 	char *last_body, *last_path;
 	char *hdr_name[MAX_HEADERS], *hdr_value[MAX_HEADERS];
 	size_t n_hdr;
+	int delay_ms;
+	unsigned embed_requests, embed_texts;
 };
 
 typedef struct upload {
@@ -72,6 +78,108 @@ default_answer(const char *path)
 	return NULL;
 }
 
+void
+stub_embed_text(const char *text, float v[STUB_EMBED_DIM])
+{
+	const unsigned char *p = (const unsigned char *)text;
+	double norm = 0;
+
+	memset(v, 0, STUB_EMBED_DIM * sizeof(float));
+	while (*p) {
+		uint32_t h = 2166136261u;
+		int any = 0;
+
+		while (*p && isalnum(*p) && *p < 128) {
+			h = (h ^ (uint32_t)tolower(*p)) * 16777619u;
+			any = 1;
+			p++;
+		}
+		if (any)
+			v[h % STUB_EMBED_DIM] += 1;
+		else
+			p++;
+	}
+	for (int i = 0; i < STUB_EMBED_DIM; i++)
+		norm += (double)v[i] * v[i];
+	if (norm == 0) {
+		v[0] = 1;
+		return;
+	}
+	norm = sqrt(norm);
+	for (int i = 0; i < STUB_EMBED_DIM; i++)
+		v[i] = (float)(v[i] / norm);
+}
+
+static json_t *
+vector_json(const char *text)
+{
+	float v[STUB_EMBED_DIM];
+	json_t *a = json_array();
+
+	stub_embed_text(text ? text : "", v);
+	for (int i = 0; a && i < STUB_EMBED_DIM; i++)
+		json_array_append_new(a, json_real(v[i]));
+	return a;
+}
+
+static const char *
+gemini_text(json_t *req)
+{
+	json_t *parts = json_object_get(json_object_get(req, "content"), "parts");
+
+	return json_string_value(json_object_get(json_array_get(parts, 0), "text"));
+}
+
+/* The answer to an embedding request (malloc'ed), or NULL if path is not
+ * an embedding endpoint or the body does not parse; *n: texts. */
+static char *
+embed_answer(const char *path, const char *body, unsigned *n)
+{
+	json_t *req = json_loads(body ? body : "", 0, NULL), *ans = NULL;
+	const char *colon = strrchr(path, ':');
+	char *out = NULL;
+
+	*n = 0;
+	if (!req)
+		return NULL;
+	if (!strcmp(path, "/v1/embeddings")) {
+		json_t *in = json_object_get(req, "input"), *data = json_array();
+		size_t i;
+		json_t *x;
+
+		ans = json_pack("{s:s, s:o, s:s}", "object", "list", "data", data,
+				"model", json_string_value(json_object_get(req, "model"))
+					? json_string_value(json_object_get(req, "model")) : "");
+		json_array_foreach(in, i, x) {
+			json_array_append_new(data, json_pack("{s:s, s:i, s:o}",
+				"object", "embedding", "index", (int)i,
+				"embedding", vector_json(json_string_value(x))));
+			(*n)++;
+		}
+	} else if (!strncmp(path, "/v1beta/models/", 15) && colon &&
+		   !strcmp(colon, ":embedContent")) {
+		ans = json_pack("{s:{s:o}}", "embedding", "values",
+				vector_json(gemini_text(req)));
+		*n = 1;
+	} else if (!strncmp(path, "/v1beta/models/", 15) && colon &&
+		   !strcmp(colon, ":batchEmbedContents")) {
+		json_t *embs = json_array(), *x;
+		size_t i;
+
+		json_array_foreach(json_object_get(req, "requests"), i, x) {
+			json_array_append_new(embs, json_pack("{s:o}", "values",
+							     vector_json(gemini_text(x))));
+			(*n)++;
+		}
+		ans = json_pack("{s:o}", "embeddings", embs);
+	}
+	if (ans)
+		out = json_dumps(ans, JSON_COMPACT);
+	json_decref(ans);
+	json_decref(req);
+	return out;
+}
+
 static enum MHD_Result
 keep_header(void *cls, enum MHD_ValueKind kind, const char *k, const char *v)
 {
@@ -96,6 +204,9 @@ handle(void *cls, struct MHD_Connection *c, const char *url,
 	stub_reply r = { 0, -1, 0, NULL };
 	struct MHD_Response *resp;
 	const char *body;
+	char *made = NULL;
+	unsigned n_texts = 0;
+	int delay;
 	enum MHD_Result ret;
 	char ra[16];
 
@@ -135,14 +246,20 @@ handle(void *cls, struct MHD_Connection *c, const char *url,
 		s->head = (s->head + 1) % MAX_SCRIPT;
 		s->n--;
 	}
+	delay = r.delay_ms + s->delay_ms;
 	pthread_mutex_unlock(&s->mu);
-	if (r.delay_ms) {
-		struct timespec ts = { r.delay_ms / 1000,
-				       (r.delay_ms % 1000) * 1000000L };
+	if (delay) {
+		struct timespec ts = { delay / 1000, (delay % 1000) * 1000000L };
 
 		nanosleep(&ts, NULL);
 	}
-	body = r.body ? r.body : default_answer(url);
+	if (!r.body && (made = embed_answer(url, u->p, &n_texts))) {
+		pthread_mutex_lock(&s->mu);
+		s->embed_requests++;
+		s->embed_texts += n_texts;
+		pthread_mutex_unlock(&s->mu);
+	}
+	body = r.body ? r.body : made ? made : default_answer(url);
 	if (strcmp(method, "POST") || !body) {
 		body = "{\"error\":{\"message\":\"not found\"}}";
 		r.status = 404;
@@ -156,6 +273,7 @@ handle(void *cls, struct MHD_Connection *c, const char *url,
 	}
 	ret = MHD_queue_response(c, r.status ? (unsigned)r.status : 200, resp);
 	MHD_destroy_response(resp);
+	free(made);
 	pthread_mutex_lock(&s->mu);
 	s->active--;
 	pthread_mutex_unlock(&s->mu);
@@ -300,4 +418,34 @@ stub_last_header(stub *s, const char *name)
 			r = strdup(s->hdr_value[i]);
 	pthread_mutex_unlock(&s->mu);
 	return r;
+}
+
+void
+stub_set_delay(stub *s, int delay_ms)
+{
+	pthread_mutex_lock(&s->mu);
+	s->delay_ms = delay_ms;
+	pthread_mutex_unlock(&s->mu);
+}
+
+unsigned
+stub_embed_requests(stub *s)
+{
+	unsigned n;
+
+	pthread_mutex_lock(&s->mu);
+	n = s->embed_requests;
+	pthread_mutex_unlock(&s->mu);
+	return n;
+}
+
+unsigned
+stub_embed_texts(stub *s)
+{
+	unsigned n;
+
+	pthread_mutex_lock(&s->mu);
+	n = s->embed_texts;
+	pthread_mutex_unlock(&s->mu);
+	return n;
 }

@@ -5,6 +5,11 @@
  * and Mistral; /v1/responses: OpenAI Responses; /v1beta/models/...:
  * Gemini) unless a scripted reply is queued: a status, a Retry-After, a
  * delay, a body (malformed on purpose, if the test wants).
+ *
+ * Embeddings: /v1/embeddings (OpenAI, Mistral) and /v1beta/models/
+ * <model>:embedContent / :batchEmbedContents (Gemini) answer with
+ * stub_embed_text's vector of every input, so that tests know the nearest
+ * neighbours of a query.
  */
 #ifndef HISTD_STUB_PROVIDER_H
 #define HISTD_STUB_PROVIDER_H
@@ -33,5 +38,18 @@ unsigned stub_max_concurrent(stub *s);
 char *stub_last_body(stub *s);
 char *stub_last_path(stub *s);
 char *stub_last_header(stub *s, const char *name);
+
+/* A delay before every answer (scripted delays add to it); 0: none. */
+void stub_set_delay(stub *s, int delay_ms);
+/* Embedding requests answered so far, and the texts they carried. */
+unsigned stub_embed_requests(stub *s);
+unsigned stub_embed_texts(stub *s);
+
+#define STUB_EMBED_DIM 64
+/* The stub's embedding: every lowercased run of ASCII letters and digits
+ * hashed (FNV-1a) into one of STUB_EMBED_DIM counts, normalized to length
+ * 1 (a text without a word: the first unit vector). Texts sharing words
+ * are near; texts sharing none are orthogonal unless their words collide. */
+void stub_embed_text(const char *text, float v[STUB_EMBED_DIM]);
 
 #endif

@@ -770,6 +770,100 @@ leftover_snapshot_tmp_is_removed(void **state)
 }
 
 /* ---------------------------------------------------------------------- */
+/* Embeddings                                                              */
+
+/* The semantic hits of session id for q (dim 4, model "m1"), as text. */
+static char *
+semantic_hits(histd_driver *d, const char *id, const float *q)
+{
+	const char *ids[1] = { id };
+	histd_search_query sq = {
+		.tenant = "t1", .session_ids = ids, .n_session_ids = 1,
+		.mode = HISTD_SEARCH_SEMANTIC, .vector = q, .dim = 4,
+		.model = "m1", .k = 10,
+	};
+	histd_search_result r = { 0 };
+	text t = { 0 };
+
+	assert_int_equal(histd_driver_search(d, &sq, &r), 0);
+	for (size_t i = 0; i < r.n; i++)
+		tprintf(&t, "%s/%llu:%.6f;", r.hits[i].session_id,
+			(unsigned long long)r.records.v[i].seq, r.hits[i].score);
+	histd_search_result_clear(&r);
+	tprintf(&t, "|");
+	return t.p;
+}
+
+static void
+embeddings_survive_reopen_and_compaction(void **state)
+{
+	static const float v1[4] = { 1, 0, 0, 0 }, v2[4] = { 0, 1, 0, 0 },
+			   v3[4] = { 1, 1, 0, 0 }, q[4] = { 1, 0.2f, 0, 0 };
+	char *dir = tmpdir_new(), *before, *fork_before, *after;
+	histd_driver *d = must_open(dir);
+	histd_session in = { .tenant = "t1", .id = "f" }, *out = NULL;
+
+	(void)state;
+	create(d, "t1", "e", NULL, 0, NULL, 0);
+	create(d, "t1", "gone", NULL, 0, NULL, 0);
+	for (int i = 0; i < 3; i++) {
+		must_append(d, "t1", "e", "text");
+		must_append(d, "t1", "gone", "text");
+	}
+	assert_int_equal(histd_driver_embedding_put(d, "t1", "e", 1, "m1", v2, 4), 0);
+	assert_int_equal(histd_driver_embedding_put(d, "t1", "e", 2, "m1", v1, 4), 0);
+	/* A second put replaces the first. */
+	assert_int_equal(histd_driver_embedding_put(d, "t1", "e", 1, "m1", v3, 4), 0);
+	assert_int_equal(histd_driver_embedding_put(d, "t1", "e", 9, "m1", v1, 4),
+			 HISTD_ENOTFOUND);
+	assert_int_equal(histd_driver_embedding_put(d, "t1", "gone", 1, "m1", v1, 4), 0);
+	assert_int_equal(histd_driver_clear(d, "t1", "gone", 0, NULL, NULL, NULL), 0);
+	/* The fork takes the vectors of the messages it copies. */
+	assert_int_equal(histd_driver_session_fork(d, "t1", "e", 1, &in, &out), 0);
+	histd_session_free(out);
+	before = semantic_hits(d, "e", q);
+	fork_before = semantic_hits(d, "f", q);
+	assert_string_equal(before, "e/2:0.980581;e/1:0.832050;|");
+	assert_string_equal(fork_before, "f/1:0.832050;|");
+	histd_driver_close(d);
+
+	/* From the log. */
+	d = must_open(dir);
+	after = semantic_hits(d, "e", q);
+	assert_string_equal(before, after);
+	free(after);
+	after = semantic_hits(d, "f", q);
+	assert_string_equal(fork_before, after);
+	free(after);
+	after = semantic_hits(d, "gone", q);
+	assert_string_equal(after, "|");
+	free(after);
+
+	/* From a snapshot, then a snapshot and a log. */
+	assert_int_equal(histd_file_driver_compact(d), 0);
+	histd_driver_close(d);
+	d = must_open(dir);
+	after = semantic_hits(d, "e", q);
+	assert_string_equal(before, after);
+	free(after);
+	assert_int_equal(histd_driver_embedding_put(d, "t1", "e", 3, "m1", v1, 4), 0);
+	histd_driver_close(d);
+	d = must_open(dir);
+	after = semantic_hits(d, "e", q);
+	assert_string_equal(after, "e/2:0.980581;e/3:0.980581;e/1:0.832050;|");
+	free(after);
+	after = semantic_hits(d, "f", q);
+	assert_string_equal(fork_before, after);
+	free(after);
+	histd_driver_close(d);
+
+	free(before);
+	free(fork_before);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* ---------------------------------------------------------------------- */
 /* Killed while compacting                                                 */
 
 /* The child appends and compacts in a loop, writing each acknowledged seq
@@ -933,6 +1027,7 @@ main(void)
 		cmocka_unit_test(second_open_of_a_data_directory_is_unavailable),
 		cmocka_unit_test(bad_options_are_refused),
 		cmocka_unit_test(leftover_snapshot_tmp_is_removed),
+		cmocka_unit_test(embeddings_survive_reopen_and_compaction),
 		cmocka_unit_test(kill_during_compaction_loses_nothing_acknowledged),
 		cmocka_unit_test(zeros_written_ahead_are_the_clean_end_after_a_kill),
 	};

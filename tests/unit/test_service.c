@@ -725,6 +725,32 @@ config_with_an_unknown_plugin_is_invalid(void **state)
 }
 
 static void
+config_embeddings_name_a_known_provider_and_a_clean_model(void **state)
+{
+	Histd__V1__CreateSessionRequest r = HISTD__V1__CREATE_SESSION_REQUEST__INIT;
+	Histd__V1__SessionConfig c = HISTD__V1__SESSION_CONFIG__INIT;
+	Histd__V1__EmbeddingConfig e = HISTD__V1__EMBEDDING_CONFIG__INIT;
+
+	(void)state;
+	c.embeddings = &e;
+	r.config = &c;
+	r.session_id = "e1";
+	e.provider = "cohere";
+	assert_err(CALL(HISTD_M_CREATE_SESSION, &r, NULL, NULL), HISTD_EINVALID,
+		   "config.embeddings.provider");
+	e.provider = "gemini";
+	e.model = "../../v1/evil";
+	assert_err(CALL(HISTD_M_CREATE_SESSION, &r, NULL, NULL), HISTD_EINVALID,
+		   "config.embeddings.model");
+	e.provider = "";
+	e.model = "text-embedding-3-small";
+	assert_err(CALL(HISTD_M_CREATE_SESSION, &r, NULL, NULL), HISTD_EINVALID,
+		   "needs a provider");
+	e.provider = "openai";
+	assert_int_equal(CALL(HISTD_M_CREATE_SESSION, &r, NULL, NULL), 0);
+}
+
+static void
 resolve_session_is_get_or_create_by_context_keys(void **state)
 {
 	Histd__V1__ResolveSessionRequest r =
@@ -1984,6 +2010,7 @@ main(void)
 		T(labels_and_context_keys_are_validated),
 		T(a_repeated_map_key_keeps_the_last_value),
 		T(config_with_an_unknown_plugin_is_invalid),
+		T(config_embeddings_name_a_known_provider_and_a_clean_model),
 		T(resolve_session_is_get_or_create_by_context_keys),
 		T(get_session_of_an_unknown_id_is_not_found),
 		T(list_sessions_pages_in_id_order_by_opaque_tokens),
