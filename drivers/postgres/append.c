@@ -125,6 +125,9 @@ typedef struct bsess {
 	int64_t sid;
 	uint64_t revision, last_seq, message_count, token_total, bytes_total,
 		 first_seq;
+	/* BM25's sums (search.c): messages with main text, their tokens;
+	 * messages with any text, their tokens. */
+	uint64_t text_docs, text_len, any_docs, any_len;
 	int written;
 } bsess;
 
@@ -161,7 +164,7 @@ typedef struct batch {
 	size_t n_undo, undo_cap;
 	/* Rows of the writes. */
 	pg_array m_sid, m_seq, m_rev, m_role, m_author, m_created, m_tokens,
-		 m_data;
+		 m_data, m_tsv, m_tool, m_tl, m_ttl;
 	struct bcall { int64_t sid; const char *id; int64_t seq, result; } *calls;
 	size_t n_calls, calls_cap;
 	pg_array a_sid, a_id, a_seq;
@@ -183,6 +186,10 @@ arrays_init(batch *b)
 	pg_arr_init(&b->m_created, PG_OID_TIMESTAMPTZ);
 	pg_arr_init(&b->m_tokens, PG_OID_INT4);
 	pg_arr_init(&b->m_data, PG_OID_BYTEA);
+	pg_arr_init(&b->m_tsv, PG_OID_TEXT);
+	pg_arr_init(&b->m_tool, PG_OID_TEXT);
+	pg_arr_init(&b->m_tl, PG_OID_INT4);
+	pg_arr_init(&b->m_ttl, PG_OID_INT4);
 	pg_arr_init(&b->a_sid, PG_OID_INT8);
 	pg_arr_init(&b->a_id, PG_OID_TEXT);
 	pg_arr_init(&b->a_seq, PG_OID_INT8);
@@ -200,7 +207,8 @@ arrays_free(batch *b)
 {
 	pg_array *all[] = {
 		&b->m_sid, &b->m_seq, &b->m_rev, &b->m_role, &b->m_author,
-		&b->m_created, &b->m_tokens, &b->m_data, &b->a_sid, &b->a_id,
+		&b->m_created, &b->m_tokens, &b->m_data, &b->m_tsv, &b->m_tool,
+		&b->m_tl, &b->m_ttl, &b->a_sid, &b->a_id,
 		&b->a_seq, &b->i_sid, &b->i_key, &b->i_hash, &b->i_first,
 		&b->i_last, &b->i_rev, &b->i_exp,
 	};
@@ -388,6 +396,30 @@ check_tools(batch *b, pg_req *rq)
 	return 0;
 }
 
+/* The words of a message (search.c) into the insert's arrays; 0 or
+ * ENOMEM. *len_main, *len_tool: its lengths in tokens. */
+static int
+put_words(pg_array *tsv, pg_array *tool, pg_array *tl, pg_array *ttl,
+	  const histd_msg_in *m, int32_t *len_main, int32_t *len_tool)
+{
+	pg_text t;
+	int rc = pg_text_build(&t, m->data, m->len);
+
+	if (rc == 0) {
+		pg_arr_bytes(tsv, t.main.p, t.main.len - 1);
+		if (t.len_tool)
+			pg_arr_bytes(tool, t.tool.p, t.tool.len - 1);
+		else
+			pg_arr_null(tool);
+		pg_arr_i32(tl, t.len_main);
+		pg_arr_i32(ttl, t.len_tool);
+		*len_main = t.len_main;
+		*len_tool = t.len_tool;
+	}
+	pg_text_free(&t);
+	return rc;
+}
+
 /* Adds the rows of an accepted request. */
 static int
 apply(batch *b, pg_req *rq)
@@ -399,14 +431,23 @@ apply(batch *b, pg_req *rq)
 	s->revision++;
 	if (rq->replace) {
 		s->message_count = s->token_total = s->bytes_total = 0;
+		s->text_docs = s->text_len = s->any_docs = s->any_len = 0;
 		s->first_seq = 0;
 		rq->cleared_to_seq = s->last_seq;
 	}
 	for (size_t i = 0; i < a->n_msgs; i++) {
 		const histd_msg_in *m = &a->msgs[i];
 		pg_msg_cols mc;
+		int32_t lm, lt;
 
 		seq++;
+		if (put_words(&b->m_tsv, &b->m_tool, &b->m_tl, &b->m_ttl, m, &lm,
+			      &lt))
+			return HISTD_ENOMEM;
+		s->text_docs += lm > 0;
+		s->text_len += (uint64_t)lm;
+		s->any_docs += lm + lt > 0;
+		s->any_len += (uint64_t)lm + (uint64_t)lt;
 		pg_msg_scan(m->data, m->len, &mc);
 		pg_arr_i64(&b->m_sid, s->sid);
 		pg_arr_i64(&b->m_seq, (int64_t)seq);
@@ -681,6 +722,10 @@ read_state(pg_driver *d, pg_conn *c, batch *b, int *retry)
 		s->token_total = (uint64_t)pg_r_i64(res[1], i, 5);
 		s->bytes_total = (uint64_t)pg_r_i64(res[1], i, 6);
 		s->first_seq = (uint64_t)pg_r_i64(res[1], i, 7);
+		s->text_docs = (uint64_t)pg_r_i64(res[1], i, 8);
+		s->text_len = (uint64_t)pg_r_i64(res[1], i, 9);
+		s->any_docs = (uint64_t)pg_r_i64(res[1], i, 10);
+		s->any_len = (uint64_t)pg_r_i64(res[1], i, 11);
 	}
 	for (int i = 0; res[2] && i < PQntuples(res[2]); i++) {
 		int64_t k = pg_r_i64(res[2], i, 0) - 1;
@@ -734,7 +779,7 @@ static int
 write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 {
 	pg_array c_sid, c_id, c_seq, c_res, s_sid, s_rev, s_last, s_mc, s_tt,
-		 s_bt, s_fs, notes;
+		 s_bt, s_fs, s_td, s_tl, s_ad, s_al, notes;
 	pg_params pw = { 0 }, pm = { 0 }, pc = { 0 }, pa = { 0 }, ps = { 0 },
 		  pi = { 0 }, pn = { 0 };
 	PGresult *res[8] = { 0 };
@@ -753,6 +798,10 @@ write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 	pg_arr_init(&s_tt, PG_OID_INT8);
 	pg_arr_init(&s_bt, PG_OID_INT8);
 	pg_arr_init(&s_fs, PG_OID_INT8);
+	pg_arr_init(&s_td, PG_OID_INT8);
+	pg_arr_init(&s_tl, PG_OID_INT8);
+	pg_arr_init(&s_ad, PG_OID_INT8);
+	pg_arr_init(&s_al, PG_OID_INT8);
 	pg_arr_init(&notes, PG_OID_TEXT);
 	for (size_t i = 0; i < b->n_calls; i++) {
 		pg_arr_i64(&c_sid, b->calls[i].sid);
@@ -776,6 +825,10 @@ write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 		pg_arr_i64(&s_tt, (int64_t)x->token_total);
 		pg_arr_i64(&s_bt, (int64_t)x->bytes_total);
 		pg_arr_i64(&s_fs, (int64_t)x->first_seq);
+		pg_arr_i64(&s_td, (int64_t)x->text_docs);
+		pg_arr_i64(&s_tl, (int64_t)x->text_len);
+		pg_arr_i64(&s_ad, (int64_t)x->any_docs);
+		pg_arr_i64(&s_al, (int64_t)x->any_len);
 		if (replace) {
 			replace_sid = x->sid;
 			replace_rev = x->revision;
@@ -800,6 +853,8 @@ write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 	    pg_arr_finish(&b->m_rev) || pg_arr_finish(&b->m_role) ||
 	    pg_arr_finish(&b->m_author) || pg_arr_finish(&b->m_created) ||
 	    pg_arr_finish(&b->m_tokens) || pg_arr_finish(&b->m_data) ||
+	    pg_arr_finish(&b->m_tsv) || pg_arr_finish(&b->m_tool) ||
+	    pg_arr_finish(&b->m_tl) || pg_arr_finish(&b->m_ttl) ||
 	    pg_arr_finish(&b->a_sid) || pg_arr_finish(&b->a_id) ||
 	    pg_arr_finish(&b->a_seq) || pg_arr_finish(&b->i_sid) ||
 	    pg_arr_finish(&b->i_key) || pg_arr_finish(&b->i_hash) ||
@@ -810,7 +865,9 @@ write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 	    pg_arr_finish(&s_sid) || pg_arr_finish(&s_rev) ||
 	    pg_arr_finish(&s_last) || pg_arr_finish(&s_mc) ||
 	    pg_arr_finish(&s_tt) || pg_arr_finish(&s_bt) ||
-	    pg_arr_finish(&s_fs) || pg_arr_finish(&notes)) {
+	    pg_arr_finish(&s_fs) || pg_arr_finish(&s_td) ||
+	    pg_arr_finish(&s_tl) || pg_arr_finish(&s_ad) ||
+	    pg_arr_finish(&s_al) || pg_arr_finish(&notes)) {
 		rc = histd_error_set(HISTD_ENOMEM, "out of memory");
 		goto out;
 	}
@@ -826,6 +883,10 @@ write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 	pg_p_array(&pm, &b->m_created);
 	pg_p_array(&pm, &b->m_tokens);
 	pg_p_array(&pm, &b->m_data);
+	pg_p_array(&pm, &b->m_tsv);
+	pg_p_array(&pm, &b->m_tool);
+	pg_p_array(&pm, &b->m_tl);
+	pg_p_array(&pm, &b->m_ttl);
 	pg_p_array(&pc, &c_sid);
 	pg_p_array(&pc, &c_id);
 	pg_p_array(&pc, &c_seq);
@@ -840,6 +901,10 @@ write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 	pg_p_array(&ps, &s_tt);
 	pg_p_array(&ps, &s_bt);
 	pg_p_array(&ps, &s_fs);
+	pg_p_array(&ps, &s_td);
+	pg_p_array(&ps, &s_tl);
+	pg_p_array(&ps, &s_ad);
+	pg_p_array(&ps, &s_al);
 	pg_p_array(&pi, &b->i_sid);
 	pg_p_array(&pi, &b->i_key);
 	pg_p_array(&pi, &b->i_hash);
@@ -881,6 +946,10 @@ out:
 	pg_arr_free(&s_tt);
 	pg_arr_free(&s_bt);
 	pg_arr_free(&s_fs);
+	pg_arr_free(&s_td);
+	pg_arr_free(&s_tl);
+	pg_arr_free(&s_ad);
+	pg_arr_free(&s_al);
 	pg_arr_free(&notes);
 	return rc;
 }
@@ -1148,9 +1217,10 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 {
 	fast *f = arg;
 	pg_array tenant, id, n, tokens, m_ord, m_k, m_role, m_author, m_created,
-		 m_tokens, m_data;
+		 m_tokens, m_data, m_tsv, m_tool, m_tl, m_ttl;
 	pg_array *all[] = { &tenant, &id, &n, &tokens, &m_ord, &m_k, &m_role,
-			    &m_author, &m_created, &m_tokens, &m_data };
+			    &m_author, &m_created, &m_tokens, &m_data, &m_tsv,
+			    &m_tool, &m_tl, &m_ttl };
 	const size_t n_all = sizeof(all) / sizeof(all[0]);
 	pg_params p = { 0 };
 	char origin[24];
@@ -1168,7 +1238,11 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	pg_arr_init(&m_created, PG_OID_TIMESTAMPTZ);
 	pg_arr_init(&m_tokens, PG_OID_INT4);
 	pg_arr_init(&m_data, PG_OID_BYTEA);
-	for (size_t r = 0; r < f->n; r++) {
+	pg_arr_init(&m_tsv, PG_OID_TEXT);
+	pg_arr_init(&m_tool, PG_OID_TEXT);
+	pg_arr_init(&m_tl, PG_OID_INT4);
+	pg_arr_init(&m_ttl, PG_OID_INT4);
+	for (size_t r = 0; r < f->n && rc == 0; r++) {
 		const histd_append *a = f->req[r]->a;
 		int64_t tok = 0;
 
@@ -1176,7 +1250,12 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 		for (size_t i = 0; i < a->n_msgs; i++) {
 			const histd_msg_in *m = &a->msgs[i];
 			pg_msg_cols mc;
+			int32_t lm, lt;
 
+			if (put_words(&m_tsv, &m_tool, &m_tl, &m_ttl, m, &lm, &lt)) {
+				rc = HISTD_ENOMEM;
+				break;
+			}
 			pg_msg_scan(m->data, m->len, &mc);
 			pg_arr_i64(&m_ord, (int64_t)r + 1);
 			pg_arr_i64(&m_k, (int64_t)i + 1);

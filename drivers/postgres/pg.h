@@ -10,6 +10,9 @@
  *   rows.c      values between histd and rows: jsonb labels, sessions,
  *               message columns, records with their seq in front
  *   schema.c    versioned migrations and the SQL of every statement
+ *   search.c    search and embeddings: the searchable text of a message
+ *               (tsvector), BM25 over it, cosine over stored vectors, and
+ *               the backfill of rows stored before schema version 2
  *
  * Nothing here is seen outside drivers/postgres/.
  */
@@ -62,6 +65,9 @@ enum pg_stmt {
 	ST_CATCH_UP,
 	ST_WATCH_REVISIONS,
 	ST_PURGE_IDEM,
+	ST_SEARCH_LEXICAL,
+	ST_SEARCH_SEMANTIC,
+	ST_EMBEDDING_PUT,
 	ST_BEGIN,
 	ST_COMMIT,
 	ST_ROLLBACK,
@@ -76,6 +82,7 @@ enum pg_stmt {
 #define PG_OID_INT4 23
 #define PG_OID_TEXT 25
 #define PG_OID_TIMESTAMPTZ 1184
+#define PG_OID_FLOAT4 700
 
 /* The LISTEN channel. */
 #define PG_CHANNEL "histd"
@@ -177,6 +184,7 @@ void pg_arr_i16(pg_array *a, int16_t v);
 void pg_arr_bytes(pg_array *a, const void *data, size_t len);
 void pg_arr_text(pg_array *a, const char *s);
 void pg_arr_ts(pg_array *a, int64_t us);
+void pg_arr_f32(pg_array *a, float v);
 void pg_arr_null(pg_array *a);
 /* Finishes the header; 0 or ENOMEM. */
 int pg_arr_finish(pg_array *a);
@@ -249,7 +257,7 @@ void pg_rollback(pg_driver *d, pg_conn *c);
 /* Schema (schema.c)                                                       */
 
 /* The schema version this binary writes. */
-#define PG_SCHEMA_VERSION 1
+#define PG_SCHEMA_VERSION 2
 
 /* Creates or upgrades the schema under an advisory lock; refuses (EINVALID)
  * a database whose schema is newer than this binary. */
@@ -293,6 +301,38 @@ void pg_group_free(pg_driver *d);
 int pg_append(histd_driver *drv, const histd_append *a, histd_append_result *res);
 int pg_replace(histd_driver *drv, const histd_append *a, histd_append_result *res,
 	       uint64_t *cleared_to_seq);
+
+/* ---------------------------------------------------------------------- */
+/* Search (search.c)                                                       */
+
+/*
+ * The searchable text of one message as stored beside it: two tsvector
+ * literals (main text; tool result text) and their lengths in tokens, made
+ * with the extraction and tokenizer of drivers/index/ so that PostgreSQL
+ * finds what the in-process drivers find. A lexeme's positions are its
+ * occurrences 1..tf (at most 256, PostgreSQL's limit), not offsets: BM25
+ * needs the count, and nothing uses phrase search. `main`, `tool` are
+ * NUL-terminated ("" when no token).
+ */
+typedef struct pg_text {
+	pg_buf main, tool;
+	int32_t len_main, len_tool;
+} pg_text;
+
+/* 0 or ENOMEM; t is the caller's (pg_text_free) either way. */
+int pg_text_build(pg_text *t, const uint8_t *data, size_t len);
+void pg_text_free(pg_text *t);
+
+int pg_search(histd_driver *drv, const histd_search_query *q,
+	      histd_search_result *out);
+int pg_embedding_put(histd_driver *drv, const char *tenant, const char *id,
+		     uint64_t seq, const char *model, const float *v,
+		     uint32_t dim);
+
+/* Fills the search columns of messages stored before schema version 2 (or
+ * by an older histd since), one session per transaction, on connection pg
+ * (not pooled). 0, or the error. */
+int pg_backfill(pg_driver *d, PGconn *pg);
 
 /* ---------------------------------------------------------------------- */
 /* Change notices (watch.c)                                                */

@@ -636,6 +636,16 @@ pg_arr_ts(pg_array *a, int64_t us)
 }
 
 void
+pg_arr_f32(pg_array *a, float v)
+{
+	uint32_t bits, be;
+
+	memcpy(&bits, &v, 4);
+	be = htobe32(bits);
+	arr_elem(a, &be, 4);
+}
+
+void
 pg_arr_null(pg_array *a)
 {
 	uint32_t be = htobe32(UINT32_MAX);   /* length -1 */

@@ -1021,6 +1021,8 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.set_notify = pg_set_notify,
 		.ping = pg_ping,
 		.close = pg_close,
+		.search = pg_search,
+		.embedding_put = pg_embedding_put,
 	};
 	pthread_mutex_init(&d->pool_mu, NULL);
 	pthread_cond_init(&d->pool_cv, NULL);
@@ -1038,7 +1040,8 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 
 	/* The schema first: the pool's connections prepare statements on
 	 * its tables. */
-	if ((rc = pg_connect(d, &pg, 0)) || (rc = pg_migrate(d, pg))) {
+	if ((rc = pg_connect(d, &pg, 0)) || (rc = pg_migrate(d, pg)) ||
+	    (rc = pg_backfill(d, pg))) {
 		if (pg)
 			PQfinish(pg);
 		pg_close(&d->base);

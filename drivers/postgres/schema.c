@@ -21,6 +21,10 @@
  *   the tables alone, the changes it missed (watch.c).
  * - tenant and id sort in byte order (COLLATE "C"), as ListSessions
  *   pages by id.
+ * - messages also keep their words (tsv, tsv_tool: tsvectors made by
+ *   search.c with histd's tokenizer) and embedding; sessions keep the
+ *   sums of their messages' word counts, so that BM25's N and average
+ *   length cost one row per session, not one per message.
  * - sessions is updated by every append: fillfactor 70 leaves room on the
  *   page for HOT updates (no index maintenance; no indexed column
  *   changes).
@@ -100,6 +104,28 @@ static const char *const migrations[] = {
 	"  PRIMARY KEY (sid, key)"
 	");"
 	"CREATE INDEX idempotency_keys_expires_at ON idempotency_keys (expires_at);",
+
+	/* 2: search (search.c). Each message's words as tsvectors (main
+	 * text; text inside tool results, NULL when none) with their lengths
+	 * in tokens, and its embedding; per session, the sums BM25 needs.
+	 * Adding nullable columns and columns with a constant default
+	 * rewrites nothing. Rows stored before have tsv NULL: the driver
+	 * fills them at start (pg_backfill), found through
+	 * messages_unindexed, which stays empty once they are done. */
+	"ALTER TABLE messages ADD COLUMN tsv tsvector,"
+	"  ADD COLUMN tsv_tool tsvector,"
+	"  ADD COLUMN tsv_len integer NOT NULL DEFAULT 0,"
+	"  ADD COLUMN tsv_tool_len integer NOT NULL DEFAULT 0,"
+	"  ADD COLUMN embedding real[],"
+	"  ADD COLUMN embedding_model text;"
+	"ALTER TABLE sessions ADD COLUMN text_docs bigint NOT NULL DEFAULT 0,"
+	"  ADD COLUMN text_len bigint NOT NULL DEFAULT 0,"
+	"  ADD COLUMN any_docs bigint NOT NULL DEFAULT 0,"
+	"  ADD COLUMN any_len bigint NOT NULL DEFAULT 0;"
+	"CREATE INDEX messages_tsv ON messages USING gin (tsv);"
+	"CREATE INDEX messages_tsv_tool ON messages USING gin (tsv_tool)"
+	"  WHERE tsv_tool IS NOT NULL;"
+	"CREATE INDEX messages_unindexed ON messages (sid) WHERE tsv IS NULL;",
 };
 
 #define N_MIGRATIONS (sizeof(migrations) / sizeof(migrations[0]))
@@ -233,6 +259,9 @@ const char *const pg_stmt_name[ST_COUNT] = {
 	[ST_CATCH_UP] = "catch_up",
 	[ST_WATCH_REVISIONS] = "watch_revisions",
 	[ST_PURGE_IDEM] = "purge_idem",
+	[ST_SEARCH_LEXICAL] = "search_lexical",
+	[ST_SEARCH_SEMANTIC] = "search_semantic",
+	[ST_EMBEDDING_PUT] = "embedding_put",
 	[ST_BEGIN] = "begin",
 	[ST_COMMIT] = "commit",
 	[ST_ROLLBACK] = "rollback",
@@ -333,6 +362,7 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" UPDATE sessions SET revision = revision + 1,"
 	" cleared_to_seq = last_seq, message_count = 0, token_total = 0,"
 	" bytes_total = 0, first_seq = 0, summary_count = 0,"
+	" text_docs = 0, text_len = 0, any_docs = 0, any_len = 0,"
 	" clear_revision = revision + 1"
 	" WHERE sid = $1::int8 RETURNING revision, cleared_to_seq",
 
@@ -369,10 +399,13 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	 * their order, so that neither looks like a later change. */
 	[ST_FORK_COPY] =
 	"WITH m AS (INSERT INTO messages (sid, seq, revision, role, author,"
-	"  created_at, token_estimate, data)"
-	"  SELECT $2::int8, seq, 1, role, author, created_at, token_estimate, data"
+	"  created_at, token_estimate, data, tsv, tsv_tool, tsv_len,"
+	"  tsv_tool_len, embedding, embedding_model)"
+	"  SELECT $2::int8, seq, 1, role, author, created_at, token_estimate, data,"
+	"  tsv, tsv_tool, tsv_len, tsv_tool_len, embedding, embedding_model"
 	"  FROM messages WHERE sid = $1::int8 AND seq <= $3::int8"
-	"  RETURNING seq, token_estimate, " RECORD_LEN " AS len),"
+	"  RETURNING seq, token_estimate, " RECORD_LEN " AS len, tsv_len,"
+	"  tsv_tool_len),"
 	" t AS (INSERT INTO tool_calls (sid, call_id, call_seq, result_seq)"
 	"  SELECT $2::int8, call_id, call_seq,"
 	"  CASE WHEN result_seq <= $3::int8 THEN result_seq END"
@@ -388,7 +421,12 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" token_total = (SELECT coalesce(sum(token_estimate), 0) FROM m),"
 	" bytes_total = (SELECT coalesce(sum(len), 0) FROM m),"
 	" first_seq = (SELECT coalesce(min(seq), 0) FROM m),"
-	" summary_count = (SELECT count(*) FROM u)"
+	" summary_count = (SELECT count(*) FROM u),"
+	" text_docs = (SELECT count(*) FILTER (WHERE tsv_len > 0) FROM m),"
+	" text_len = (SELECT coalesce(sum(tsv_len), 0) FROM m),"
+	" any_docs = (SELECT count(*) FILTER (WHERE tsv_len + tsv_tool_len > 0)"
+	"  FROM m),"
+	" any_len = (SELECT coalesce(sum(tsv_len + tsv_tool_len), 0) FROM m)"
 	" WHERE s.sid = $2::int8 RETURNING " PG_SESSION_COLS,
 
 	/* A batch of plain appends (no expected revision, no idempotency
@@ -400,7 +438,8 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	 * the seq before its first, its revision.
 	 * $1 tenants, $2 ids, $3 messages, $4 tokens (per request);
 	 * $5 request ordinal, $6 index in the request (1..), $7 role,
-	 * $8 author, $9 created_at, $10 tokens, $11 bytes (per message);
+	 * $8 author, $9 created_at, $10 tokens, $11 bytes, $12 tsv, $13
+	 * tsv_tool, $14 tsv_len, $15 tsv_tool_len (per message);
 	 * (The notice goes in a transaction of its own: ST_NOTIFY_SESSIONS.) */
 	[ST_FAST_APPEND] =
 	"WITH req AS (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[],"
@@ -416,14 +455,21 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	"  FROM req r JOIN locked l ON l.tenant = r.tenant AND l.id = r.id"
 	"  WINDOW w AS (PARTITION BY l.sid ORDER BY r.ord)),"
 	" ins AS (INSERT INTO messages (sid, seq, revision, role, author,"
-	"  created_at, token_estimate, data)"
+	"  created_at, token_estimate, data, tsv, tsv_tool, tsv_len,"
+	"  tsv_tool_len)"
 	"  SELECT p.sid, p.base + m.k, p.rev, m.role, m.author, m.created_at,"
-	"  m.tokens, m.data"
+	"  m.tokens, m.data, m.tsv::tsvector, m.tool::tsvector, m.tl, m.ttl"
 	"  FROM unnest($5::int8[], $6::int8[], $7::int2[], $8::text[],"
-	"  $9::timestamptz[], $10::int4[], $11::bytea[])"
-	"  AS m(ord, k, role, author, created_at, tokens, data)"
+	"  $9::timestamptz[], $10::int4[], $11::bytea[], $12::text[],"
+	"  $13::text[], $14::int4[], $15::int4[])"
+	"  AS m(ord, k, role, author, created_at, tokens, data, tsv, tool, tl,"
+	"  ttl)"
 	"  JOIN plan p ON p.ord = m.ord"
-	"  RETURNING sid, " RECORD_LEN " AS len),"
+	"  RETURNING sid, " RECORD_LEN " AS len, tsv_len, tsv_tool_len),"
+	" words AS (SELECT sid, count(*) FILTER (WHERE tsv_len > 0) AS td,"
+	"  sum(tsv_len) AS tl,"
+	"  count(*) FILTER (WHERE tsv_len + tsv_tool_len > 0) AS ad,"
+	"  sum(tsv_len + tsv_tool_len) AS al FROM ins GROUP BY sid),"
 	" agg AS (SELECT p.sid, max(p.rev) AS rev, max(p.base + p.n) AS last_seq,"
 	"  sum(p.n)::int8 AS n, sum(p.tokens)::int8 AS tokens,"
 	"  min(p.base) + 1 AS first_new,"
@@ -434,8 +480,11 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	"  token_total = s.token_total + a.tokens,"
 	"  bytes_total = s.bytes_total + a.bytes,"
 	"  first_seq = CASE WHEN s.first_seq = 0 THEN a.first_new"
-	"  ELSE s.first_seq END"
-	"  FROM agg a WHERE s.sid = a.sid RETURNING s.sid)"
+	"  ELSE s.first_seq END,"
+	"  text_docs = s.text_docs + w.td, text_len = s.text_len + w.tl,"
+	"  any_docs = s.any_docs + w.ad, any_len = s.any_len + w.al"
+	"  FROM agg a JOIN words w ON w.sid = a.sid"
+	"  WHERE s.sid = a.sid RETURNING s.sid)"
 	" SELECT p.ord, p.sid, p.base, p.rev FROM plan p",
 
 	/* Locks the sessions of a batch, in (tenant, id) byte order: the
@@ -447,7 +496,8 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	"  WITH ORDINALITY AS u(tenant, id, i)"
 	"  ORDER BY tenant COLLATE \"C\", id COLLATE \"C\") k,"
 	" LATERAL (SELECT s.sid, s.revision, s.last_seq, s.message_count,"
-	"  s.token_total, s.bytes_total, s.first_seq FROM sessions s"
+	"  s.token_total, s.bytes_total, s.first_seq, s.text_docs, s.text_len,"
+	"  s.any_docs, s.any_len FROM sessions s"
 	"  WHERE s.tenant = k.tenant AND s.id = k.id FOR UPDATE) l",
 
 	[ST_BATCH_IDEM] =
@@ -467,9 +517,13 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 
 	[ST_INSERT_MESSAGES] =
 	"INSERT INTO messages (sid, seq, revision, role, author, created_at,"
-	" token_estimate, data)"
-	" SELECT * FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::int2[],"
-	" $5::text[], $6::timestamptz[], $7::int4[], $8::bytea[])",
+	" token_estimate, data, tsv, tsv_tool, tsv_len, tsv_tool_len)"
+	" SELECT sid, seq, revision, role, author, created_at, tokens, data,"
+	" tsv::tsvector, tool::tsvector, tl, ttl"
+	" FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::int2[],"
+	" $5::text[], $6::timestamptz[], $7::int4[], $8::bytea[], $9::text[],"
+	" $10::text[], $11::int4[], $12::int4[]) AS m(sid, seq, revision, role,"
+	" author, created_at, tokens, data, tsv, tool, tl, ttl)",
 
 	[ST_INSERT_CALLS] =
 	"INSERT INTO tool_calls (sid, call_id, call_seq, result_seq)"
@@ -483,10 +537,12 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	[ST_UPDATE_STATS] =
 	"UPDATE sessions AS s SET revision = v.revision, last_seq = v.last_seq,"
 	" message_count = v.message_count, token_total = v.token_total,"
-	" bytes_total = v.bytes_total, first_seq = v.first_seq"
+	" bytes_total = v.bytes_total, first_seq = v.first_seq,"
+	" text_docs = v.td, text_len = v.tl, any_docs = v.ad, any_len = v.al"
 	" FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int8[],"
-	" $6::int8[], $7::int8[]) AS v(sid, revision, last_seq, message_count,"
-	" token_total, bytes_total, first_seq)"
+	" $6::int8[], $7::int8[], $8::int8[], $9::int8[], $10::int8[],"
+	" $11::int8[]) AS v(sid, revision, last_seq, message_count,"
+	" token_total, bytes_total, first_seq, td, tl, ad, al)"
 	" WHERE s.sid = v.sid",
 
 	/* A key found expired is overwritten. */
@@ -542,6 +598,88 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	[ST_PURGE_IDEM] =
 	"DELETE FROM idempotency_keys WHERE ctid IN (SELECT ctid"
 	" FROM idempotency_keys WHERE expires_at < $1::timestamptz LIMIT 10000)",
+
+	/*
+	 * BM25 over the words of the tenant's messages (search.c). $1 tenant,
+	 * $2 tsquery (the OR of the tokens), $3 the tokens, $4 scope (0 the
+	 * tenant, 1 the ids $5, 2 the labels $6), $7 roles (bit per role; 0
+	 * all), $8 1: with tool result text, $9 1: leave out each session's
+	 * newest, $10 k.
+	 * cand: the tenant's messages holding a token (the GIN indexes); tf:
+	 * each token's count in each (a lexeme's positions are its
+	 * occurrences); df over cand, N and the average length over the
+	 * tenant (sessions' sums), as drivers/index/ computes them; then
+	 * only the scope is scored. A session's newest stored message is its
+	 * last_seq (seqs are stored contiguously up to it).
+	 */
+	[ST_SEARCH_LEXICAL] =
+	"WITH ten AS MATERIALIZED (SELECT s.sid, s.id, s.last_seq, s.labels,"
+	"  s.text_docs, s.text_len, s.any_docs, s.any_len"
+	"  FROM sessions s WHERE s.tenant = $1),"
+	" st AS (SELECT greatest(coalesce(sum(CASE WHEN $8::int4 = 1"
+	"  THEN any_docs ELSE text_docs END), 0), 1)::float8 AS n,"
+	"  greatest(coalesce(sum(CASE WHEN $8::int4 = 1"
+	"  THEN any_len ELSE text_len END), 0), 1)::float8 AS total FROM ten),"
+	" cand AS MATERIALIZED (SELECT m.sid, m.seq, m.role, m.tsv, m.tsv_tool,"
+	"  (m.tsv_len + CASE WHEN $8::int4 = 1 THEN m.tsv_tool_len ELSE 0 END)"
+	"  ::float8 AS dl"
+	"  FROM messages m WHERE m.sid IN (SELECT sid FROM ten)"
+	"  AND (m.tsv @@ $2::tsquery"
+	"  OR ($8::int4 = 1 AND m.tsv_tool @@ $2::tsquery))),"
+	" tf AS MATERIALIZED (SELECT c.sid, c.seq, u.lexeme,"
+	"  sum(cardinality(u.positions))::float8 AS f"
+	"  FROM cand c CROSS JOIN LATERAL (SELECT lexeme, positions"
+	"  FROM unnest(c.tsv) UNION ALL SELECT lexeme, positions"
+	"  FROM unnest(c.tsv_tool) WHERE $8::int4 = 1) u"
+	"  WHERE u.lexeme = ANY($3::text[]) GROUP BY c.sid, c.seq, u.lexeme),"
+	" df AS (SELECT lexeme, count(*)::float8 AS df FROM tf GROUP BY lexeme),"
+	" sc AS (SELECT sid, id, last_seq FROM ten WHERE CASE $4::int4"
+	"  WHEN 1 THEN id = ANY($5::text[]) WHEN 2 THEN labels @> $6::jsonb"
+	"  ELSE true END),"
+	" hit AS (SELECT c.sid, c.seq, sc.id,"
+	"  sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5)) * tf.f * 2.2"
+	"  / (tf.f + 1.2 * (0.25 + 0.75 * c.dl / (st.total / st.n)))) AS score"
+	"  FROM cand c JOIN sc ON sc.sid = c.sid"
+	"  JOIN tf ON tf.sid = c.sid AND tf.seq = c.seq"
+	"  JOIN df ON df.lexeme = tf.lexeme CROSS JOIN st"
+	"  WHERE ($7::int8 = 0 OR (c.role BETWEEN 0 AND 62"
+	"  AND (($7::int8 >> c.role::int4) & 1) = 1))"
+	"  AND NOT ($9::int4 = 1 AND c.seq = sc.last_seq)"
+	"  GROUP BY c.sid, c.seq, sc.id"
+	"  ORDER BY score DESC, sc.id, c.seq LIMIT $10::int8)"
+	" SELECT h.id, h.seq, h.score, m.token_estimate, m.data"
+	" FROM hit h JOIN messages m ON m.sid = h.sid AND m.seq = h.seq"
+	" ORDER BY h.score DESC, h.id, h.seq",
+
+	/* Cosine with the normalized query $2 (stored vectors are
+	 * normalized) over the scope's vectors of model $3 and dimension $8;
+	 * $4..$7, $9, $10 as in ST_SEARCH_LEXICAL. */
+	[ST_SEARCH_SEMANTIC] =
+	"WITH sc AS (SELECT sid, id, last_seq FROM sessions WHERE tenant = $1"
+	"  AND CASE $4::int4 WHEN 1 THEN id = ANY($5::text[])"
+	"  WHEN 2 THEN labels @> $6::jsonb ELSE true END),"
+	" hit AS (SELECT m.sid, m.seq, sc.id,"
+	"  (SELECT coalesce(sum(a::float8 * b::float8), 0)"
+	"  FROM unnest(m.embedding, $2::float4[]) AS u(a, b)) AS score"
+	"  FROM messages m JOIN sc ON sc.sid = m.sid"
+	"  WHERE m.embedding_model = $3 AND cardinality(m.embedding) = $8::int4"
+	"  AND ($7::int8 = 0 OR (m.role BETWEEN 0 AND 62"
+	"  AND (($7::int8 >> m.role::int4) & 1) = 1))"
+	"  AND NOT ($9::int4 = 1 AND m.seq = sc.last_seq)"
+	"  ORDER BY score DESC, sc.id, m.seq LIMIT $10::int8)"
+	" SELECT h.id, h.seq, h.score, m.token_estimate, m.data"
+	" FROM hit h JOIN messages m ON m.sid = h.sid AND m.seq = h.seq"
+	" ORDER BY h.score DESC, h.id, h.seq",
+
+	/* $1 tenant, $2 id, $3 seq, $4 the normalized vector, $5 model.
+	 * Whether the session and the message were found. Neither the
+	 * revision nor anything a subscriber sees changes. */
+	[ST_EMBEDDING_PUT] =
+	"WITH s AS (SELECT sid FROM sessions WHERE tenant = $1 AND id = $2),"
+	" u AS (UPDATE messages AS m SET embedding = $4::float4[],"
+	"  embedding_model = $5 FROM s WHERE m.sid = s.sid AND m.seq = $3::int8"
+	"  RETURNING 1)"
+	" SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM u)",
 
 	[ST_BEGIN] = "BEGIN",
 	[ST_COMMIT] = "COMMIT",

@@ -382,7 +382,8 @@ reads_and_lists_use_indexes_not_scans(void **state)
 	/* The batch append finds its sessions by the (tenant, id) key. */
 	plan = plan_of(f->dsn, pg_stmt_sql[ST_FAST_APPEND],
 		       "'{t}', '{big}', '{1}', '{1}', '{1}', '{1}', '{2}', '{a}',"
-		       " '{2024-01-01}', '{1}', '{\"\\\\x0a\"}'");
+		       " '{2024-01-01}', '{1}', '{\"\\\\x0a\"}', '{\"\"}', '{NULL}',"
+		       " '{0}', '{0}'");
 	assert_non_null(strstr(plan, "sessions_tenant_id"));
 	assert_null(strstr(plan, "Seq Scan"));
 	free(plan);
