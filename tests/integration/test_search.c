@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "pgharness.h"
 
 static histd_proc *server;
 static histd_client *client;
@@ -49,6 +50,27 @@ setup_file(void **state)
 	return start(extra);
 }
 
+/* PostgreSQL: a fresh database on the test cluster (the ctest fixture
+ * "pg", named by $HISTD_PG_STATE). */
+static char *pg_db;
+
+static int
+setup_postgres(void **state)
+{
+	const char *dsn;
+
+	(void)state;
+	if (pgh_cluster_dsn(&dsn) != 0 ||
+	    !(pg_db = pgh_new_database(dsn, "search")))
+		return -1;
+	{
+		const char *extra[] = { "--driver", "postgres", "--dsn", pg_db,
+					NULL };
+
+		return start(extra);
+	}
+}
+
 static int
 teardown(void **state)
 {
@@ -66,6 +88,11 @@ teardown(void **state)
 		if (system(cmd) != 0)
 			rc = -1;
 		data_dir[0] = '\0';
+	}
+	if (pg_db) {
+		pgh_drop_database(pg_db);
+		free(pg_db);
+		pg_db = NULL;
 	}
 	return rc;
 }
@@ -348,6 +375,7 @@ semantic_without_embeddings_falls_back_to_lexical(void **state)
 
 #define M(f) cmocka_unit_test_setup_teardown(f, setup_memory, teardown)
 #define F(f) cmocka_unit_test_setup_teardown(f, setup_file, teardown)
+#define P(f) cmocka_unit_test_setup_teardown(f, setup_postgres, teardown)
 
 int
 main(int argc, char **argv)
@@ -363,7 +391,17 @@ main(int argc, char **argv)
 		F(search_forgets_cleared_messages_at_once),
 	};
 
+	const struct CMUnitTest pg_tests[] = {
+		P(search_finds_known_answers_over_the_wire),
+		P(search_scopes_roles_and_exclude_newest),
+		P(search_forgets_cleared_messages_at_once),
+	};
+
 	if (harness_init(argc, argv))
 		return 1;
+	/* Run by ctest twice: on memory and file, and (with the cluster of
+	 * the pg fixture) on PostgreSQL. */
+	if (getenv("HISTD_PG_STATE"))
+		return cmocka_run_group_tests(pg_tests, NULL, NULL);
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
