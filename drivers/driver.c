@@ -699,6 +699,30 @@ histd_driver_embedding_put(histd_driver *d, const char *tenant,
 			d->embedding_put(d, tenant, id, seq, model, v, dim));
 }
 
+int
+histd_driver_truncate(histd_driver *d, const char *tenant, const char *id,
+		      uint64_t up_to_seq, uint64_t expected_revision,
+		      uint64_t *revision, uint64_t *current_revision)
+{
+	uint64_t rev = 0, cur = 0;
+	int rc;
+
+	if ((rc = check_names(d, tenant, id)))
+		return rc;
+	if (up_to_seq == 0)
+		return histd_error_set(HISTD_EINVALID, "up_to_seq must be at least 1");
+	if (d->version < 3 || !d->truncate)
+		return histd_error_set(HISTD_EUNIMPL,
+				       "the driver cannot delete old messages");
+	rc = OBSERVED("truncate", d->truncate(d, tenant, id, up_to_seq,
+					      expected_revision, &rev, &cur));
+	if (rc == 0 && revision)
+		*revision = rev;
+	else if (rc == HISTD_ECONFLICT && current_revision)
+		*current_revision = cur;
+	return rc;
+}
+
 void
 histd_driver_close(histd_driver *d)
 {

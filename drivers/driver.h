@@ -53,7 +53,7 @@
 
 /* 2 added search and embedding_put (optional). A version 1 driver stays
  * valid: its search wrappers answer EUNIMPL. */
-#define HISTD_DRIVER_VERSION 2
+#define HISTD_DRIVER_VERSION 3
 
 /* ---------------------------------------------------------------------- */
 /* Values passed to and from drivers                                       */
@@ -459,6 +459,20 @@ struct histd_driver {
 	int (*embedding_put)(histd_driver *d, const char *tenant,
 			     const char *id, uint64_t seq, const char *model,
 			     const float *v, uint32_t dim);
+
+	/* --- version 3 --- */
+
+	/* Optional (the retention option of the context pipeline needs it).
+	 * Deletes the stored messages with seq <= up_to_seq (their tool call
+	 * state, vectors and the summaries covering only them), keeping every
+	 * other message, last_seq and seqs as they are; sets cleared_to_seq to
+	 * max(cleared_to_seq, up_to_seq); +1 revision; notifies CLEARED with
+	 * cleared_to_seq = up_to_seq. A session with nothing at or below
+	 * up_to_seq changes nothing and answers 0 with the current revision.
+	 * expected_revision as in append. */
+	int (*truncate)(histd_driver *d, const char *tenant, const char *id,
+			uint64_t up_to_seq, uint64_t expected_revision,
+			uint64_t *revision, uint64_t *current_revision);
 };
 
 /* Driver options from the configuration. Each driver reads its own. */
@@ -467,6 +481,22 @@ typedef struct histd_driver_config {
 	const char *fsync_mode;      /* file: always | batch | never */
 	const char *dsn;             /* postgres */
 	int pool_size;               /* postgres */
+	/*
+	 * Limits every driver of version >= 3 enforces atomically, 0 for
+	 * none. A write that would pass one changes nothing and answers
+	 * HISTD_ELIMIT naming the limit:
+	 *  - max_sessions_per_tenant: session_create, session_resolve (when
+	 *    it would create) and session_fork count the tenant's sessions;
+	 *    "the tenant has N sessions; the limit is M";
+	 *  - max_session_messages / max_session_bytes: append, replace and
+	 *    session_fork check the messages the session would hold
+	 *    (message_count, bytes_total as in histd_session);
+	 *    "the session would hold N messages; the limit is M".
+	 * An idempotent replay (replayed = 1) is not a write and passes.
+	 */
+	uint64_t max_sessions_per_tenant;
+	uint64_t max_session_messages;
+	uint64_t max_session_bytes;
 } histd_driver_config;
 
 /* A driver's constructor, as listed in the registry (driver.c). */
@@ -546,6 +576,10 @@ int histd_driver_can_search(const histd_driver *d);
 typedef void (*histd_driver_observer)(const char *op, int64_t duration_us,
 				      int rc);
 void histd_driver_set_observer(histd_driver_observer fn);
+int histd_driver_truncate(histd_driver *d, const char *tenant,
+			  const char *id, uint64_t up_to_seq,
+			  uint64_t expected_revision, uint64_t *revision,
+			  uint64_t *current_revision);
 void histd_driver_close(histd_driver *d);
 
 /* ---------------------------------------------------------------------- */

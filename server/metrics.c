@@ -50,7 +50,7 @@ static const char *const driver_ops[] = {
 	"session_create", "session_get", "session_resolve", "session_list",
 	"session_update", "session_delete", "session_fork", "append", "read",
 	"tool_result", "clear", "replace", "summary_put", "summary_get",
-	"ping",
+	"ping", "search", "embedding_put", "truncate",
 };
 #define N_OPS (sizeof(driver_ops) / sizeof(driver_ops[0]))
 #define N_ERRS 14    /* -HISTD_E* codes 0..13 */
