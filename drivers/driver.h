@@ -467,7 +467,10 @@ struct histd_driver {
 	 * state, vectors and the summaries covering only them), keeping every
 	 * other message, last_seq and seqs as they are; sets cleared_to_seq to
 	 * max(cleared_to_seq, up_to_seq); +1 revision; notifies CLEARED with
-	 * cleared_to_seq = up_to_seq. A session with nothing at or below
+	 * cleared_to_seq = up_to_seq. An up_to_seq above last_seq counts as
+	 * last_seq (later seqs must stay above cleared_to_seq). A tool call
+	 * whose call message is deleted is forgotten, even if its result
+	 * message stays. A session with nothing at or below
 	 * up_to_seq changes nothing and answers 0 with the current revision.
 	 * expected_revision as in append. */
 	int (*truncate)(histd_driver *d, const char *tenant, const char *id,

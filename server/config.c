@@ -46,6 +46,15 @@ static const struct opt opts[] = {
 	  "PostgreSQL connection string (postgres driver)" },
 	{ "pool-size", OPT_INT, OFF(pool_size), "8",
 	  "PostgreSQL connections (postgres driver)" },
+	{ "max-sessions-per-tenant", OPT_SIZE, OFF(max_sessions_per_tenant),
+	  "0", "sessions one tenant may hold (RESOURCE_EXHAUSTED above; 0: no\n"
+	  "      limit)" },
+	{ "max-session-messages", OPT_SIZE, OFF(max_session_messages), "0",
+	  "messages one session may hold (RESOURCE_EXHAUSTED above; 0: no\n"
+	  "      limit)" },
+	{ "max-session-bytes", OPT_SIZE, OFF(max_session_bytes), "0",
+	  "stored bytes one session may hold (RESOURCE_EXHAUSTED above; 0:\n"
+	  "      no limit)" },
 	{ "threads", OPT_INT, OFF(threads), "0",
 	  "threads serving the completion queue (0: 2 per core; at least\n"
 	  "      32 for the file and postgres drivers, which block)" },

@@ -39,6 +39,10 @@ typedef struct histd_config {
 	char *fsync;
 	char *dsn;
 	int pool_size;
+	/* Storage limits the driver enforces (histd_driver_config); 0: none. */
+	size_t max_sessions_per_tenant;
+	size_t max_session_messages;
+	size_t max_session_bytes;
 	int threads;             /* completion-queue threads */
 	int posted_calls;        /* requests kept posted per method */
 	uint32_t max_receive_bytes;

@@ -283,6 +283,9 @@ main(int argc, char **argv)
 	dcfg.fsync_mode = cfg.fsync;
 	dcfg.dsn = cfg.dsn;
 	dcfg.pool_size = cfg.pool_size;
+	dcfg.max_sessions_per_tenant = cfg.max_sessions_per_tenant;
+	dcfg.max_session_messages = cfg.max_session_messages;
+	dcfg.max_session_bytes = cfg.max_session_bytes;
 	histd_driver_set_observer(histd_metrics_driver);
 	rc = histd_metrics_start(cfg.metrics_listen, &mport);
 	if (rc != 0) {

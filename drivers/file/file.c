@@ -35,6 +35,35 @@ not_found(void)
 	return histd_error_set(HISTD_ENOTFOUND, "session not found");
 }
 
+/* ELIMIT if a session would hold n messages of `bytes` record bytes. */
+static int
+check_size(const hf_driver *d, uint64_t n, uint64_t bytes)
+{
+	if (d->max_msgs && n > d->max_msgs)
+		return histd_error_set(HISTD_ELIMIT,
+				       "the session would hold %llu messages; the limit is %llu",
+				       (unsigned long long)n,
+				       (unsigned long long)d->max_msgs);
+	if (d->max_bytes && bytes > d->max_bytes)
+		return histd_error_set(HISTD_ELIMIT,
+				       "the session would hold %llu bytes; the limit is %llu",
+				       (unsigned long long)bytes,
+				       (unsigned long long)d->max_bytes);
+	return 0;
+}
+
+/* ELIMIT if s, just inserted, made its tenant pass the session limit. */
+static int
+check_sessions(const hf_driver *d, const hf_session *s)
+{
+	if (d->max_sessions && s->tenant->n > d->max_sessions)
+		return histd_error_set(HISTD_ELIMIT,
+				       "the tenant has %zu sessions; the limit is %llu",
+				       s->tenant->n - 1,
+				       (unsigned long long)d->max_sessions);
+	return 0;
+}
+
 static hf_session *
 find(hf_driver *d, const char *tenant, const char *id)
 {
@@ -178,6 +207,8 @@ create_locked(hf_driver *d, const char *tenant, hf_session *s,
 		hf_session_destroy(d, s);
 		return settle_missing(d, rc);
 	}
+	if ((rc = check_sessions(d, s)))
+		goto undo;
 	if (!(rec = hf_session_export(s))) {
 		rc = enomem();
 		goto undo;
@@ -547,6 +578,9 @@ fd_session_fork(histd_driver *dd, const char *tenant, const char *source_id,
 		hf_session_destroy(d, f);
 		return settle_missing(d, rc);
 	}
+	if ((rc = check_sessions(d, f)) ||
+	    (rc = check_size(d, f->n_msgs, f->bytes_total)))
+		goto undo;
 	if (!(rec = hf_session_export(f))) {
 		rc = enomem();
 		goto undo;
@@ -668,6 +702,16 @@ put_msgs(hf_buf *b, const built *bt, const histd_record *recs)
 	}
 }
 
+static uint64_t
+recs_bytes(const histd_record *recs, size_t k)
+{
+	uint64_t b = 0;
+
+	for (size_t i = 0; i < k; i++)
+		b += recs[i].len;
+	return b;
+}
+
 static int
 fd_append(histd_driver *dd, const histd_append *a, histd_append_result *res)
 {
@@ -710,6 +754,9 @@ fd_append(histd_driver *dd, const histd_append *a, histd_append_result *res)
 	if ((rc = hf_batch_prepare(&batch, s, bt.recs, bt.k, bt.refs, 0)))
 		goto out;
 	bt.recs = NULL;                 /* the batch's now */
+	if ((rc = check_size(d, s->n_msgs + batch.k,
+			     s->bytes_total + recs_bytes(batch.recs, batch.k))))
+		goto out;
 	if (klen && !e &&
 	    (!(fresh = hf_idem_new(key, klen)) ||
 	     hf_map_reserve(&s->idem, s->idem.n + 1))) {
@@ -906,6 +953,8 @@ fd_replace(histd_driver *dd, const histd_append *a, histd_append_result *res,
 	    (rc = hf_batch_prepare(&batch, s, bt.recs, bt.k, bt.refs, 1)))
 		goto out;
 	bt.recs = NULL;                 /* the batch's now */
+	if ((rc = check_size(d, batch.k, recs_bytes(batch.recs, batch.k))))
+		goto out;
 	if (!(b = hf_wal_begin(d->wal))) {
 		rc = HISTD_EUNAVAILABLE;
 		goto out;
@@ -940,6 +989,64 @@ out:
 	built_free(&bt);
 	pthread_rwlock_unlock(&d->lock);
 	return rc;
+}
+
+static int
+fd_truncate(histd_driver *dd, const char *tenant, const char *id,
+	    uint64_t up_to_seq, uint64_t expected_revision, uint64_t *revision,
+	    uint64_t *current_revision)
+{
+	hf_driver *d = (hf_driver *)dd;
+	void **victims;
+	hf_session *s;
+	hf_note *nt;
+	size_t mark;
+	hf_buf *b;
+	int rc;
+
+	if ((rc = lock_write(d)))
+		return rc;
+	if (!(s = find(d, tenant, id)))
+		return settle_missing(d, not_found());
+	if ((rc = hf_check_revision(s, expected_revision, current_revision)))
+		return settle(d, s->lsn, rc);
+	if (!s->n_msgs || s->msgs[0].seq > up_to_seq) {
+		*revision = s->revision;
+		return settle(d, s->lsn, 0);
+	}
+	/* Nothing stored is above last_seq: cleared_to_seq never passes it. */
+	if (up_to_seq > s->last_seq)
+		up_to_seq = s->last_seq;
+	if (!(victims = malloc((s->tools.n ? s->tools.n : 1) * sizeof(*victims))))
+		return settle(d, 0, enomem());
+	if (!(b = hf_wal_begin(d->wal))) {
+		free(victims);
+		pthread_rwlock_unlock(&d->lock);
+		return HISTD_EUNAVAILABLE;
+	}
+	mark = hf_frame_begin(b, HF_T_TRUNCATE);
+	hf_put_str(b, tenant);
+	hf_put_str(b, id);
+	hf_put_varint(b, s->revision + 1);
+	hf_put_varint(b, up_to_seq);
+	hf_frame_end(b, mark);
+	nt = note_new(d, HISTD_CHANGE_CLEARED, s, s->revision + 1, NULL, 0, NULL);
+	if ((rc = encoded(d, b, mark, 1, nt))) {
+		free(victims);
+		pthread_rwlock_unlock(&d->lock);
+		return rc;
+	}
+	hf_apply_truncate(d, s, up_to_seq, victims);
+	free(victims);
+	/* The index drops a session's documents only wholesale: it forgets
+	 * the session and reads what is left again. */
+	hf_index_forget(s);
+	hf_index_sync(s);
+	if (nt)
+		nt->cleared_to_seq = up_to_seq;
+	hf_session_account(d, s);
+	*revision = s->revision;
+	return commit(d, s, NULL, 0);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1283,7 +1390,11 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 		.close = fd_close,
 		.search = hf_search,
 		.embedding_put = fd_embedding_put,
+		.truncate = fd_truncate,
 	};
+	d->max_sessions = cfg->max_sessions_per_tenant;
+	d->max_msgs = cfg->max_session_messages;
+	d->max_bytes = cfg->max_session_bytes;
 	d->dirfd = d->lockfd = -1;
 	d->mode = mode;
 	if (opt)

@@ -290,7 +290,7 @@ hf_frame_check(const uint8_t *p, size_t avail, uint32_t *body_len)
 static int
 known_type(uint8_t t)
 {
-	return (t >= HF_T_FILE && t <= HF_T_SUMMARY) ||
+	return (t >= HF_T_FILE && t <= HF_T_TRUNCATE) ||
 	       (t >= HF_T_S_SESSION && t <= HF_T_S_END);
 }
 

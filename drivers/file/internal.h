@@ -45,6 +45,8 @@ enum hf_type {
 	HF_T_SUMMARY = 9,
 	/* A message's embedding (derived data: no revision). */
 	HF_T_EMBED = 10,
+	/* Messages up to a seq deleted (version 3 truncate). */
+	HF_T_TRUNCATE = 11,
 	/* Snapshot records: a session, then what it holds. */
 	HF_T_S_SESSION = 16,
 	HF_T_S_MSG = 17,
@@ -257,6 +259,9 @@ struct hf_driver {
 	pthread_mutex_t compact_mu;     /* one compaction at a time */
 	uint64_t compactions;   /* under lock */
 	uint64_t open_us;
+	/* histd_driver_config's limits (0: none); read-only after open.
+	 * Checked by live writes only: replay applies what was logged. */
+	uint64_t max_sessions, max_msgs, max_bytes;
 };
 
 /* state.c: everything under d->lock (write-held for changes). */
@@ -343,6 +348,12 @@ void hf_batch_free(hf_driver *d, hf_batch *b);
 
 /* Drops messages, summaries and the tool index; +1 revision. */
 void hf_apply_clear(hf_driver *d, hf_session *s);
+/* Deletes the messages with seq <= up_to (up_to <= last_seq, at least one
+ * such message stored), their vectors, the tool calls they issued and the
+ * summaries with covers_to_seq <= up_to; cleared_to_seq = max(it, up_to);
+ * +1 revision. victims: room for s->tools.n pointers, scratch. */
+void hf_apply_truncate(hf_driver *d, hf_session *s, uint64_t up_to,
+		       void **victims);
 /* Stores r (its bytes now the session's; room reserved); +1 revision. */
 void hf_apply_summary(hf_session *s, const histd_record *r);
 /* Takes labels (if has_labels) and config (if has_config); +1 revision. */

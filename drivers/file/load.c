@@ -412,6 +412,26 @@ do_clear(replay *r, hf_rd *rd)
 }
 
 static int
+do_truncate(replay *r, hf_rd *rd)
+{
+	hf_session *s = rd_session(r, rd);
+	uint64_t rev = hf_get_varint(rd), up_to = hf_get_varint(rd);
+	void **victims;
+
+	if (rd->bad || rd->p != rd->end)
+		return corrupt(r, "does not decode");
+	if (!s || rev != s->revision + 1 || up_to > s->last_seq ||
+	    !s->n_msgs || s->msgs[0].seq > up_to)
+		return corrupt(r, "does not follow its session's state");
+	if (!(victims = malloc((s->tools.n ? s->tools.n : 1) * sizeof(*victims))))
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	hf_apply_truncate(r->d, s, up_to, victims);
+	free(victims);
+	hf_session_account(r->d, s);
+	return 0;
+}
+
+static int
 do_summary(replay *r, hf_rd *rd)
 {
 	hf_session *s = rd_session(r, rd);
@@ -670,6 +690,7 @@ apply_frame(replay *r, const uint8_t *body, uint32_t len)
 	case HF_T_REPLACE: return do_batch(r, &rd, 1);
 	case HF_T_SUMMARY: return do_summary(r, &rd);
 	case HF_T_EMBED: return do_embed(r, &rd);
+	case HF_T_TRUNCATE: return do_truncate(r, &rd);
 	default: return corrupt(r, "has a type logs do not hold");
 	}
 }

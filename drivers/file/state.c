@@ -642,6 +642,67 @@ hf_apply_clear(hf_driver *d, hf_session *s)
 }
 
 void
+hf_apply_truncate(hf_driver *d, hf_session *s, uint64_t up_to, void **victims)
+{
+	size_t k = hf_first_after(s->msgs, s->n_msgs, up_to), w = 0, nv = 0;
+
+	for (size_t i = 0; i < k; i++) {
+		s->token_total -= s->msgs[i].token_estimate;
+		s->bytes_total -= s->msgs[i].len;
+		hf_free_data(d, s->msgs[i].data, s->msgs[i].len);
+	}
+	memmove(s->msgs, s->msgs + k, (s->n_msgs - k) * sizeof(*s->msgs));
+	s->n_msgs -= k;
+
+	s->vec_bytes = 0;
+	for (size_t i = 0; i < s->vecs.n; i++) {
+		histd_vec *x = s->vecs.v[i];
+
+		if (x->seq <= up_to) {
+			free(x);
+			continue;
+		}
+		s->vecs.v[w++] = x;
+		s->vec_bytes += HF_VEC_FRAME(x->dim, strlen(x->model));
+	}
+	s->vecs.n = w;
+
+	/* Collected first: deleting while walking the table would move
+	 * entries past the cursor. */
+	for (size_t i = 0; s->tools.s && i <= s->tools.mask; i++) {
+		hf_tool *t = s->tools.s[i].v;
+
+		if (t && t->call_seq <= up_to)
+			victims[nv++] = t;
+	}
+	for (size_t i = 0; i < nv; i++) {
+		hf_tool *t = victims[i];
+
+		hf_map_del(&s->tools, t->id, t->len);
+		s->tool_bytes -= t->len;
+		free(t);
+	}
+
+	w = 0;
+	for (size_t i = 0; i < s->n_sums; i++) {
+		if (s->sums[i].seq <= up_to) {
+			s->sum_bytes -= s->sums[i].len;
+			hf_free_data(d, s->sums[i].data, s->sums[i].len);
+		} else {
+			s->sums[w++] = s->sums[i];
+		}
+	}
+	s->n_sums = w;
+	s->best_sum = 0;
+	for (size_t i = 1; i < s->n_sums; i++)
+		if (s->sums[i].seq >= s->sums[s->best_sum].seq)
+			s->best_sum = i;
+	if (up_to > s->cleared_to_seq)
+		s->cleared_to_seq = up_to;
+	s->revision++;
+}
+
+void
 hf_apply_summary(hf_session *s, const histd_record *r)
 {
 	s->sums[s->n_sums] = *r;

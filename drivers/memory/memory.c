@@ -321,6 +321,8 @@ typedef struct mem_driver {
 	histd_change_fn notify;
 	void *notify_ctx;
 	pthread_mutex_t build_mu;       /* one index build at a time */
+	/* histd_driver_config's limits (0: none); read-only after open. */
+	uint64_t max_sessions, max_msgs, max_bytes;
 } mem_driver;
 
 static const char *
@@ -589,6 +591,34 @@ check_revision(const mem_session *s, uint64_t expected, uint64_t *current)
 			       "expected_revision %llu does not match the session's revision %llu",
 			       (unsigned long long)expected,
 			       (unsigned long long)s->revision);
+}
+
+/* ELIMIT if a session would hold n messages of `bytes` record bytes. */
+static int
+check_size(const mem_driver *m, uint64_t n, uint64_t bytes)
+{
+	if (m->max_msgs && n > m->max_msgs)
+		return histd_error_set(HISTD_ELIMIT,
+				       "the session would hold %llu messages; the limit is %llu",
+				       (unsigned long long)n,
+				       (unsigned long long)m->max_msgs);
+	if (m->max_bytes && bytes > m->max_bytes)
+		return histd_error_set(HISTD_ELIMIT,
+				       "the session would hold %llu bytes; the limit is %llu",
+				       (unsigned long long)bytes,
+				       (unsigned long long)m->max_bytes);
+	return 0;
+}
+
+/* Record bytes of a batch as it would be stored (seq in front). */
+static uint64_t
+batch_bytes(const histd_append *a, uint64_t first_seq)
+{
+	uint64_t b = 0;
+
+	for (size_t i = 0; i < a->n_msgs; i++)
+		b += histd_wire_varint_size(first_seq + i) + 1 + a->msgs[i].len;
+	return b;
 }
 
 /* Keeps the tenant's search index (if it has one yet) in step with a
@@ -1039,6 +1069,11 @@ tenant_insert(mem_driver *m, const char *tenant, mem_session *s)
 	if (s->canon && htab_find(&t->ctx, s->canon, s->canon_len))
 		return histd_error_set(HISTD_EEXISTS,
 				       "another session has the same context_keys");
+	if (m->max_sessions && t->ids.n >= m->max_sessions)
+		return histd_error_set(HISTD_ELIMIT,
+				       "the tenant has %zu sessions; the limit is %llu",
+				       t->ids.n,
+				       (unsigned long long)m->max_sessions);
 	if ((rc = htab_reserve(&t->ids, t->ids.n + 1)) ||
 	    (s->canon && (rc = htab_reserve(&t->ctx, t->ctx.n + 1))))
 		return rc;
@@ -1452,6 +1487,15 @@ mem_session_fork(histd_driver *d, const char *tenant, const char *source_id,
 		f->config_len = src->config_len;
 	}
 	k = first_after(src->msgs, src->n_msgs, last);
+	{
+		uint64_t bytes = 0;
+
+		for (size_t i = 0; i < k; i++)
+			bytes += src->msgs[i].len;
+		if ((rc = check_size(m, k, bytes)))
+			goto out;
+		rc = HISTD_ENOMEM;
+	}
 	if (msgs_reserve(f, k))
 		goto out;
 	for (; f->n_msgs < k; f->n_msgs++) {
@@ -1556,6 +1600,8 @@ mem_append(histd_driver *d, const histd_append *a, histd_append_result *res)
 		goto out;
 	first = s->last_seq + 1;
 	if ((rc = stage_tools(&st, &s->tools, a, first, m->seed)) ||
+	    (rc = check_size(m, s->n_msgs + k,
+			     s->bytes_total + batch_bytes(a, first))) ||
 	    (rc = htab_reserve(&s->tools, s->tools.n + st.n_fresh)) ||
 	    (rc = msgs_reserve(s, s->n_msgs + k)))
 		goto out;
@@ -1734,6 +1780,7 @@ mem_replace(histd_driver *d, const histd_append *a, histd_append_result *res,
 	 * storage: the old is dropped only once nothing can fail. */
 	first = s->last_seq + 1;
 	if ((rc = stage_tools(&st, NULL, a, first, m->seed)) ||
+	    (rc = check_size(m, k, batch_bytes(a, first))) ||
 	    (rc = htab_reserve(&tools, st.n_fresh)))
 		goto out;
 	if (k && !(v = malloc(k * sizeof(*v)))) {
@@ -1769,6 +1816,114 @@ out:
 	free(v);
 	htab_free(&tools);
 	stage_free(&st);
+	session_close(s);
+	return rc;
+}
+
+/* Drops the messages with seq <= up_to, their vectors, the tool calls
+ * they issued, and the summaries covering only them. Cannot fail. */
+static void
+drop_prefix(mem_session *s, uint64_t up_to, mem_tool **victims)
+{
+	size_t nv = 0;
+
+	size_t k = first_after(s->msgs, s->n_msgs, up_to), w = 0;
+
+	for (size_t i = 0; i < k; i++) {
+		s->token_total -= s->msgs[i].token_estimate;
+		s->bytes_total -= s->msgs[i].len;
+		free(s->msgs[i].data);
+	}
+	memmove(s->msgs, s->msgs + k, (s->n_msgs - k) * sizeof(*s->msgs));
+	s->n_msgs -= k;
+
+	for (size_t i = 0; i < s->vecs.n; i++) {
+		if (s->vecs.v[i]->seq <= up_to)
+			free(s->vecs.v[i]);
+		else
+			s->vecs.v[w++] = s->vecs.v[i];
+	}
+	s->vecs.n = w;
+
+	/* Deleting from the table while walking it would shift entries
+	 * past the cursor: collect first, then delete. */
+	for (size_t i = 0; s->tools.slots && i <= s->tools.mask; i++) {
+		mem_tool *t = s->tools.slots[i].v;
+
+		if (t && t->call_seq <= up_to)
+			victims[nv++] = t;
+	}
+	for (size_t i = 0; i < nv; i++) {
+		htab_del(&s->tools, victims[i]->id, victims[i]->len);
+		free(victims[i]);
+	}
+
+	w = 0;
+	for (size_t i = 0; i < s->n_sums; i++) {
+		if (s->sums[i].seq <= up_to)
+			free(s->sums[i].data);
+		else
+			s->sums[w++] = s->sums[i];
+	}
+	s->n_sums = w;
+	s->best_sum = 0;
+	for (size_t i = 1; i < s->n_sums; i++)
+		if (s->sums[i].seq >= s->sums[s->best_sum].seq)
+			s->best_sum = i;
+}
+
+static int
+mem_truncate(histd_driver *d, const char *tenant, const char *id,
+	     uint64_t up_to_seq, uint64_t expected_revision,
+	     uint64_t *revision, uint64_t *current_revision)
+{
+	mem_driver *m = (mem_driver *)d;
+	mem_tool **victims = NULL;
+	histd_index *ix;
+	mem_session *s;
+	int rc;
+
+	if ((rc = session_open(m, tenant, id, &s)))
+		return rc;
+	if ((rc = check_revision(s, expected_revision, current_revision)))
+		goto out;
+	if (!s->n_msgs || s->msgs[0].seq > up_to_seq) {
+		*revision = s->revision;
+		goto out;
+	}
+	/* Nothing stored is above last_seq: cleared_to_seq never passes it. */
+	if (up_to_seq > s->last_seq)
+		up_to_seq = s->last_seq;
+	if (!(victims = malloc((s->tools.n ? s->tools.n : 1) * sizeof(*victims)))) {
+		rc = enomem();
+		goto out;
+	}
+	drop_prefix(s, up_to_seq, victims);
+	if (up_to_seq > s->cleared_to_seq)
+		s->cleared_to_seq = up_to_seq;
+	s->revision++;
+	/* The index forgets the session and reads what is left again: its
+	 * documents can only be dropped wholesale. */
+	ix = s->tenant ? atomic_load(&s->tenant->index) : NULL;
+	if (ix) {
+		histd_index_forget(ix, (uint64_t)(uintptr_t)s);
+		(void)histd_index_sync(ix, (uint64_t)(uintptr_t)s, s->id,
+				       s->msgs, s->n_msgs);
+	}
+	if (m->notify) {
+		histd_change c = {
+			.kind = HISTD_CHANGE_CLEARED,
+			.tenant = tenant,
+			.session_id = s->id,
+			.revision = s->revision,
+			.cleared_to_seq = up_to_seq,
+		};
+
+		m->notify(m->notify_ctx, &c);
+	}
+	*revision = s->revision;
+out:
+	free(victims);
 	session_close(s);
 	return rc;
 }
@@ -2194,10 +2349,14 @@ histd_memory_driver_open(const histd_driver_config *cfg, histd_driver **out)
 	mem_driver *m;
 	int rc;
 
-	(void)cfg;
 	m = calloc(1, sizeof(*m));
 	if (!m)
 		return enomem();
+	if (cfg) {
+		m->max_sessions = cfg->max_sessions_per_tenant;
+		m->max_msgs = cfg->max_session_messages;
+		m->max_bytes = cfg->max_session_bytes;
+	}
 	m->base = (histd_driver){
 		.version = HISTD_DRIVER_VERSION,
 		.name = "memory",
@@ -2220,6 +2379,7 @@ histd_memory_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.close = mem_close,
 		.search = mem_search,
 		.embedding_put = mem_embedding_put,
+		.truncate = mem_truncate,
 	};
 	m->seed = random_seed();
 	htab_init(&m->tenants, tenant_key, m->seed);

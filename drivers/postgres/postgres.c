@@ -998,11 +998,17 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 	if (cfg->pool_size < 0 || cfg->pool_size > PG_POOL_MAX)
 		return histd_error_set(HISTD_EINVALID,
 				       "pool_size must be 1..%d", PG_POOL_MAX);
+	/* Written against version 2: it neither enforces the limits nor
+	 * truncates yet, so a limit it would ignore is refused. */
+	if (cfg->max_sessions_per_tenant || cfg->max_session_messages ||
+	    cfg->max_session_bytes)
+		return histd_error_set(HISTD_EINVALID,
+				       "the postgres driver does not enforce max_sessions_per_tenant, max_session_messages or max_session_bytes yet");
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	d->base = (histd_driver){
-		.version = HISTD_DRIVER_VERSION,
+		.version = 2,           /* no limits nor truncate yet */
 		.name = "postgres",
 		.session_create = pg_session_create,
 		.session_get = pg_session_get,

@@ -946,7 +946,11 @@ static void driver_is_registered_valid_and_answers_ping(void **state)
 		fail_msg("%s is not among histd_driver_names()", t->fx->driver);
 	expect_ok(histd_driver_validate(t->d));
 	assert_string_equal(t->d->name, t->fx->driver);
-	expect_eq(t->d->version, HISTD_DRIVER_VERSION, "version");
+	/* Version 3 promises are tested (or skipped) by their own tests;
+	 * every driver can search (2). */
+	if (t->d->version < 2 || t->d->version > HISTD_DRIVER_VERSION)
+		fail_msg("version %u, want 2..%u", t->d->version,
+			 HISTD_DRIVER_VERSION);
 	expect_ok(histd_driver_ping(t->d));
 }
 
@@ -3862,6 +3866,333 @@ static void concurrent_creates_of_one_id_or_key_set_let_one_win(void **state)
 }
 
 /* ---------------------------------------------------------------------- */
+/* Limits and truncate (version 3)                                         */
+
+/* Version 3 promises only: an older driver is reported as skipped. */
+static void need_v3(ctest *t)
+{
+	if (t->d->version < 3)
+		skip();
+}
+
+/* Opens the test's driver again on its (still empty) store with limits. */
+static void reopen_with_limits(ctest *t, uint64_t sessions, uint64_t msgs,
+			       uint64_t bytes)
+{
+	histd_driver_close(t->d);
+	t->d = NULL;
+	t->cfg.max_sessions_per_tenant = sessions;
+	t->cfg.max_session_messages = msgs;
+	t->cfg.max_session_bytes = bytes;
+	expect_ok(histd_driver_open(t->fx->driver, &t->cfg, &t->d));
+	histd_driver_set_notify(t->d, change_log_hook, &t->log);
+}
+
+/* ELIMIT, with a message that names the limit. */
+#define expect_limit(text, call) do { \
+	expect_err(HISTD_ELIMIT, call); \
+	if (!strstr(histd_error_message(), (text))) \
+		fail_msg("%s: message \"%s\" does not say \"%s\"", #call, \
+			 histd_error_message(), (text)); \
+} while (0)
+
+static size_t sessions_of(ctest *t, const char *tenant)
+{
+	histd_session_list l;
+	histd_list q;
+	size_t n;
+
+	memset(&q, 0, sizeof(q));
+	memset(&l, 0, sizeof(l));
+	q.tenant = tenant;
+	q.limit = 100;
+	expect_ok(histd_driver_session_list(t->d, &q, &l));
+	n = l.n;
+	histd_session_list_free(&l);
+	return n;
+}
+
+static void limit_on_sessions_per_tenant_stops_create_resolve_and_fork(void **state)
+{
+	ctest *t = *state;
+	histd_kv k1[] = { { "agent", "one" } }, k9[] = { { "agent", "nine" } };
+	histd_session in, *out = SENTINEL_SESSION;
+	int created = -1;
+
+	need_v3(t);
+	reopen_with_limits(t, 2, 0, 0);
+	create_with_keys(t, TA, "s1", k1, 1);
+	create_ok(t, TA, "s2");
+
+	in = sess_in(TA, "s3");
+	expect_limit("the tenant has 2 sessions; the limit is 2",
+		     histd_driver_session_create(t->d, &in, &out));
+	in.context_keys = k9;
+	in.n_context_keys = 1;
+	expect_limit("the limit is 2",
+		     histd_driver_session_resolve(t->d, &in, &out, &created));
+	in = sess_in(TA, "s4");
+	expect_limit("the limit is 2",
+		     histd_driver_session_fork(t->d, TA, "s1", 0, &in, &out));
+	assert_ptr_equal(out, SENTINEL_SESSION);
+	expect_eq(created, (uint64_t)-1, "created after ELIMIT");
+	expect_eq(sessions_of(t, TA), 2, "sessions after ELIMIT");
+
+	/* Resolving an existing session creates nothing and passes. */
+	in = sess_in(TA, "s5");
+	in.context_keys = k1;
+	in.n_context_keys = 1;
+	out = NULL;
+	expect_ok(histd_driver_session_resolve(t->d, &in, &out, &created));
+	expect_eq(created, 0, "resolve of existing keys created");
+	assert_string_equal(out->id, "s1");
+	histd_session_free(out);
+
+	/* The limit is per tenant, and freed by a delete. */
+	create_ok(t, TB, "s3");
+	expect_ok(histd_driver_session_delete(t->d, TA, "s2", 0, NULL));
+	create_ok(t, TA, "s3");
+	expect_eq(sessions_of(t, TA), 2, "sessions at the end");
+}
+
+static void limit_on_session_messages_stops_append_and_replace(void **state)
+{
+	ctest *t = *state;
+	histd_append_result res;
+	uint64_t cleared = SENTINEL_U64;
+	tmsg m[5];
+
+	need_v3(t);
+	reopen_with_limits(t, 0, 3, 0);
+	create_ok(t, TA, "s1");
+	tmsg_texts(m, 5, "limited");
+	memset(&res, 0, sizeof(res));
+	expect_ok(append_full(t, TA, "s1", 0, "k1", 7, T0, T0 + 1000000000,
+			      m, 2, &res));
+	expect_limit("the session would hold 4 messages; the limit is 3",
+		     append_msgs(t, TA, "s1", 0, &m[2], 2, &res));
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 2, .last_seq = 2, .message_count = 2,
+		.token_total = tokens_of(m, 2), .bytes_total = bytes_of(m, 2, 1),
+		.first_seq = 1 });
+	append_ok(t, TA, "s1", &m[2], 1, 3);
+	expect_limit("the limit is 3", append_msgs(t, TA, "s1", 0, &m[3], 1, &res));
+
+	/* A replay is not a write: it passes at the limit. */
+	memset(&res, 0, sizeof(res));
+	expect_ok(append_full(t, TA, "s1", 0, "k1", 7, T0, T0 + 1000000000,
+			      m, 2, &res));
+	expect_eq(res.replayed, 1, "replayed at the limit");
+	expect_eq(res.first_seq, 1, "replayed first_seq");
+
+	expect_limit("the session would hold 4 messages; the limit is 3",
+		     append_replace(t, TA, "s1", 0, m, 4, &res, &cleared));
+	expect_eq(cleared, SENTINEL_U64, "cleared_to_seq after ELIMIT");
+	expect_messages(t, TA, "s1", 1, m, 3);
+	expect_ok(append_replace(t, TA, "s1", 0, &m[2], 3, &res, &cleared));
+	expect_eq(res.first_seq, 4, "replace first_seq");
+	expect_messages(t, TA, "s1", 4, &m[2], 3);
+	tmsgs_free(m, 5);
+}
+
+static void limit_on_session_bytes_stops_append_and_fork_copies_within(void **state)
+{
+	ctest *t = *state;
+	histd_session in, *out = NULL;
+	histd_append_result res;
+	char want[96];
+	uint64_t max;
+	tmsg m[3];
+
+	need_v3(t);
+	tmsg_texts(m, 3, "bytes");
+	max = bytes_of(m, 2, 1);
+	reopen_with_limits(t, 0, 0, max);
+	create_ok(t, TA, "s1");
+	append_ok(t, TA, "s1", m, 2, 1);
+	snprintf(want, sizeof(want), "the session would hold %llu bytes; the limit is %llu",
+		 (unsigned long long)(max + stored_len(&m[2], 3)),
+		 (unsigned long long)max);
+	expect_limit(want, append_msgs(t, TA, "s1", 0, &m[2], 1, &res));
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 2, .last_seq = 2, .message_count = 2,
+		.token_total = tokens_of(m, 2), .bytes_total = max,
+		.first_seq = 1 });
+	/* A fork holding what the source holds is within the limit. */
+	in = sess_in(TA, "f1");
+	expect_ok(histd_driver_session_fork(t->d, TA, "s1", 0, &in, &out));
+	expect_eq(out->bytes_total, max, "fork bytes_total");
+	histd_session_free(out);
+	tmsgs_free(m, 3);
+}
+
+static uint64_t truncate_ok(ctest *t, const char *tenant, const char *id,
+			    uint64_t up_to_seq)
+{
+	uint64_t rev = 0, cur = 0;
+
+	expect_ok(histd_driver_truncate(t->d, tenant, id, up_to_seq, 0, &rev,
+					&cur));
+	return rev;
+}
+
+static void truncate_deletes_messages_up_to_seq_and_keeps_seqs(void **state)
+{
+	ctest *t = *state;
+	const change_copy **c;
+	histd_read_result rr;
+	size_t n;
+	tmsg m[6];
+
+	need_v3(t);
+	create_ok(t, TA, "s1");
+	tmsg_texts(m, 6, "truncated");
+	append_ok(t, TA, "s1", m, 5, 1);
+	expect_eq(truncate_ok(t, TA, "s1", 2), 3, "truncate revision");
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 3, .last_seq = 5, .cleared_to_seq = 2,
+		.message_count = 3, .token_total = tokens_of(&m[2], 3),
+		.bytes_total = bytes_of(&m[2], 3, 3), .first_seq = 3 });
+	read_all(t, TA, "s1", &rr);
+	expect_records(&rr.records, 3, &m[2], 3);
+	expect_eq(rr.cleared_to_seq, 2, "read cleared_to_seq");
+	histd_read_result_clear(&rr);
+
+	/* Create reports nothing: the append, then the truncate. */
+	n = changes_wait(t, TA, "s1", 2, 3, &c);
+	expect_eq(n, 2, "changes");
+	expect_eq(c[1]->kind, HISTD_CHANGE_CLEARED, "truncate notifies");
+	expect_eq(c[1]->revision, 3, "notified revision");
+	expect_eq(c[1]->cleared_to_seq, 2, "notified cleared_to_seq");
+	free(c);
+
+	/* Appends continue after last_seq. */
+	append_ok(t, TA, "s1", &m[5], 1, 6);
+	expect_messages(t, TA, "s1", 3, &m[2], 4);
+	/* Up to every seq: the session is empty, last_seq kept. */
+	expect_eq(truncate_ok(t, TA, "s1", 6), 5, "truncate all revision");
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 5, .last_seq = 6, .cleared_to_seq = 6 });
+	tmsgs_free(m, 6);
+}
+
+static void truncate_with_nothing_to_delete_changes_nothing(void **state)
+{
+	ctest *t = *state;
+	uint64_t rev = 0, cur = SENTINEL_U64;
+	tmsg m[3];
+
+	need_v3(t);
+	create_ok(t, TA, "s1");
+	tmsg_texts(m, 3, "kept");
+	append_ok(t, TA, "s1", m, 3, 1);
+	expect_eq(truncate_ok(t, TA, "s1", 1), 3, "first truncate");
+	expect_eq(truncate_ok(t, TA, "s1", 1), 3, "same truncate again");
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 3, .last_seq = 3, .cleared_to_seq = 1,
+		.message_count = 2, .token_total = tokens_of(&m[1], 2),
+		.bytes_total = bytes_of(&m[1], 2, 2), .first_seq = 2 });
+	expect_err(HISTD_ECONFLICT,
+		   histd_driver_truncate(t->d, TA, "s1", 2, 2, &rev, &cur));
+	expect_eq(cur, 3, "current_revision");
+	expect_err(HISTD_ENOTFOUND,
+		   histd_driver_truncate(t->d, TA, "nope", 2, 0, &rev, &cur));
+	expect_err(HISTD_ENOTFOUND,
+		   histd_driver_truncate(t->d, TB, "s1", 2, 0, &rev, &cur));
+	expect_messages(t, TA, "s1", 2, &m[1], 2);
+	tmsgs_free(m, 3);
+}
+
+static void truncate_drops_tool_state_and_summaries_of_deleted_messages(void **state)
+{
+	ctest *t = *state;
+	histd_record *rec = SENTINEL_RECORD, *s2, *s4;
+	histd_append_result res;
+	tmsg m[5], r1, r2;
+
+	need_v3(t);
+	create_ok(t, TA, "s1");
+	tmsg_text(&m[0], USER, "go");
+	tmsg_calls(&m[1], "looking", IDS("c1"));
+	tmsg_results(&m[2], IDS("c1"));
+	tmsg_calls(&m[3], "looking again", IDS("c2"));
+	tmsg_text(&m[4], USER, "meanwhile");
+	tmsg_results(&r1, IDS("c1"));
+	tmsg_results(&r2, IDS("c2"));
+	append_ok(t, TA, "s1", m, 5, 1);
+	s2 = summary_new(1, 2, "went looking");
+	s4 = summary_new(1, 4, "went looking twice");
+	summary_put_ok(t, TA, "s1", s4);
+	summary_put_ok(t, TA, "s1", s2);
+
+	expect_eq(truncate_ok(t, TA, "s1", 3), 5, "truncate revision");
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 5, .last_seq = 5, .cleared_to_seq = 3,
+		.message_count = 2, .token_total = tokens_of(&m[3], 2),
+		.bytes_total = bytes_of(&m[3], 2, 4), .first_seq = 4,
+		.summary_count = 1 });
+	expect_summary(t, TA, "s1", s4);
+	expect_err(HISTD_ENOTFOUND,
+		   histd_driver_tool_result(t->d, TA, "s1", "c1", &rec));
+	assert_ptr_equal(rec, SENTINEL_RECORD);
+	/* The truncated call is gone: nothing can answer it now. */
+	expect_err(HISTD_EINVALID, append_msgs(t, TA, "s1", 0, &r1, 1, &res));
+	/* The kept call is still open. */
+	append_ok(t, TA, "s1", &r2, 1, 6);
+	rec = NULL;
+	expect_ok(histd_driver_tool_result(t->d, TA, "s1", "c2", &rec));
+	expect_eq(rec->seq, 6, "tool result seq");
+	histd_record_free(rec);
+	histd_record_free(s2);
+	histd_record_free(s4);
+	tmsg_free(&r1);
+	tmsg_free(&r2);
+	tmsgs_free(m, 5);
+}
+
+static size_t hits_for(ctest *t, const char *word)
+{
+	histd_search_query q;
+	histd_search_result r;
+	size_t n;
+
+	memset(&q, 0, sizeof(q));
+	memset(&r, 0, sizeof(r));
+	q.tenant = TA;
+	q.mode = HISTD_SEARCH_LEXICAL;
+	q.text = word;
+	q.k = 10;
+	expect_ok(histd_driver_search(t->d, &q, &r));
+	n = r.n;
+	histd_search_result_clear(&r);
+	return n;
+}
+
+static void truncate_removes_messages_from_search(void **state)
+{
+	ctest *t = *state;
+	tmsg m[4];
+
+	need_v3(t);
+	if (!histd_driver_can_search(t->d))
+		skip();
+	create_ok(t, TA, "s1");
+	tmsg_text(&m[0], USER, "the zebra crossed");
+	tmsg_text(&m[1], ASSISTANT, "a zebra and an okapi");
+	tmsg_text(&m[2], USER, "the okapi stayed");
+	tmsg_text(&m[3], ASSISTANT, "a zebra came back");
+	append_ok(t, TA, "s1", m, 3, 1);
+	/* Searched once before, so an index that exists must follow. */
+	expect_eq(hits_for(t, "zebra"), 2, "zebra hits before");
+	truncate_ok(t, TA, "s1", 2);
+	expect_eq(hits_for(t, "zebra"), 0, "zebra hits after");
+	expect_eq(hits_for(t, "okapi"), 1, "okapi hits after");
+	append_ok(t, TA, "s1", &m[3], 1, 4);
+	expect_eq(hits_for(t, "zebra"), 1, "zebra hits after an append");
+	tmsgs_free(m, 4);
+}
+
+/* ---------------------------------------------------------------------- */
 
 #define T(f) cmocka_unit_test_prestate_setup_teardown(f, conf_setup, \
 	conf_teardown, (void *)fx)
@@ -3963,6 +4294,14 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 		T(concurrent_appends_to_one_session_assign_every_seq_once),
 		T(concurrent_expected_revision_appends_let_one_writer_win),
 		T(concurrent_creates_of_one_id_or_key_set_let_one_win),
+
+		T(limit_on_sessions_per_tenant_stops_create_resolve_and_fork),
+		T(limit_on_session_messages_stops_append_and_replace),
+		T(limit_on_session_bytes_stops_append_and_fork_copies_within),
+		T(truncate_deletes_messages_up_to_seq_and_keeps_seqs),
+		T(truncate_with_nothing_to_delete_changes_nothing),
+		T(truncate_drops_tool_state_and_summaries_of_deleted_messages),
+		T(truncate_removes_messages_from_search),
 	};
 	const char *filter = getenv("HISTD_TEST_FILTER");
 	char group[96];

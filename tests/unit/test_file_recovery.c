@@ -382,6 +382,17 @@ populate(histd_driver *d)
 	must_append(d, "t1", "e", "e-new");
 	must_append(d, "t1", "e", "e-new2");
 
+	/* Truncated: the oldest messages, the call they issued and the
+	 * summary covering them gone; what follows kept. */
+	create(d, "t1", "f", NULL, 0, NULL, 0);
+	assert_int_equal(append(d, "t1", "f", NULL, 0, "f-calls", "c1", NULL, NULL), 0);
+	assert_int_equal(append(d, "t1", "f", NULL, 0, "f-answers", NULL, "c1", NULL), 0);
+	assert_int_equal(append(d, "t1", "f", NULL, 0, "f-calls2", "c2", NULL, NULL), 0);
+	must_append(d, "t1", "f", "f-kept");
+	assert_int_equal(histd_driver_summary_put(d, "t1", "f", 0, &sum, &rev, NULL), 0);
+	assert_int_equal(histd_driver_truncate(d, "t1", "f", 2, 0, &rev, NULL), 0);
+	assert_int_equal(append(d, "t1", "f", NULL, 0, "f-answers2", NULL, "c2", NULL), 0);
+
 	create(d, "t1", "d", NULL, 0, NULL, 0);
 	must_append(d, "t1", "d", "gone");
 	assert_int_equal(histd_driver_session_delete(d, "t1", "d", 0, NULL), 0);
