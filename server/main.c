@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <stdatomic.h>
 #include <grpc/grpc.h>
+#include <grpc/support/log.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,20 @@
 #include "provider_summarizer.h"
 #include "service.h"
 #include "transport.h"
+
+/* gRPC core's own messages, as JSON lines like ours. */
+static void
+log_grpc(gpr_log_func_args *a)
+{
+	char where[256];
+
+	snprintf(where, sizeof(where), "%s:%d", a->file ? a->file : "", a->line);
+	histd_log(a->severity == GPR_LOG_SEVERITY_ERROR ? HISTD_LOG_ERROR :
+		  a->severity == GPR_LOG_SEVERITY_INFO ? HISTD_LOG_INFO :
+		  HISTD_LOG_DEBUG,
+		  "grpc", "message", a->message ? a->message : "",
+		  "source", where, NULL);
+}
 
 static int
 write_port_file(const char *path, int port)
@@ -277,6 +292,7 @@ main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
+	gpr_set_log_function(log_grpc);
 	grpc_init();
 
 	dcfg.data_dir = cfg.data_dir;
