@@ -278,7 +278,12 @@ wanted_cut(const struct compaction *c, const histd_reduce *r)
 			cut = k;
 	}
 	if (r->older_than_s) {
-		int64_t limit = r->now_us - (int64_t)r->older_than_s * 1000000;
+		/* older_than_seconds comes from the request: any uint64.
+		 * Saturated, an age past INT64_MAX us covers nothing
+		 * (now_us >= 0, so the subtraction cannot overflow). */
+		int64_t age = r->older_than_s > (uint64_t)INT64_MAX / 1000000 ?
+			      INT64_MAX : (int64_t)r->older_than_s * 1000000;
+		int64_t limit = r->now_us - age;
 		size_t k = 0;
 
 		bounded = 1;

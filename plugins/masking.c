@@ -137,24 +137,23 @@ listed(const struct masking *m, const char *tool)
 	return 0;
 }
 
-/* The name of the call `id` answers, from the view's tool calls. */
+/* The name of the call `id` answers, from the view's tool calls (read
+ * by histd_view_tools: no unpacking; a message that does not decode is
+ * passed over). */
 static const char *
 call_name(histd_view *v, const char *id)
 {
 	for (size_t i = 0; i < v->n; i++) {
-		Histd__V1__Message *msg;
+		const histd_view_tool *refs;
+		size_t n;
 
 		if (!(v->items[i].flags & HISTD_ITEM_CALLS) ||
-		    !(msg = v->ops->message(v, i)))
+		    histd_view_tools(v, i, &refs, &n))
 			continue;
-		for (size_t j = 0; j < msg->n_content; j++) {
-			const Histd__V1__ContentBlock *b = msg->content[j];
-
-			if (b->block_case ==
-			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL &&
-			    !strcmp(b->tool_call->id, id))
-				return b->tool_call->name;
-		}
+		for (size_t j = 0; j < n; j++)
+			if (refs[j].kind == HISTD_ITEM_CALLS &&
+			    !strcmp(refs[j].id, id))
+				return refs[j].name;
 	}
 	return "";
 }
@@ -196,6 +195,11 @@ mask_block(histd_view *v, Histd__V1__ContentBlock *b)
 	return 0;
 }
 
+/*
+ * The candidates are found from the tool ids and names alone
+ * (histd_view_tools); a message is unpacked only to measure its results
+ * (min_tokens_to_mask) or to mask one.
+ */
 static int
 m_transform(void *state, histd_view *v)
 {
@@ -203,35 +207,48 @@ m_transform(void *state, histd_view *v)
 	uint64_t kept = 0;
 
 	for (size_t i = v->n; i-- > 0;) {
-		Histd__V1__Message *msg;
-		int changed = 0;
+		Histd__V1__Message *msg = NULL;
+		const histd_view_tool *refs;
+		size_t n_refs;
+		int changed = 0, rc;
 
 		if (!(v->items[i].flags & HISTD_ITEM_RESULTS))
 			continue;
-		if (!(msg = v->ops->message(v, i)))
-			return HISTD_ECORRUPT;
-		for (size_t j = msg->n_content; j-- > 0;) {
-			Histd__V1__ContentBlock *b = msg->content[j];
-			const Histd__V1__ToolResultBlock *tr;
+		if ((rc = histd_view_tools(v, i, &refs, &n_refs)))
+			return rc;
+		for (size_t j = n_refs; j-- > 0;) {
 			const char *tool;
-			int rc;
 
-			if (b->block_case !=
-			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
+			if (refs[j].kind != HISTD_ITEM_RESULTS)
 				continue;
-			tr = b->tool_result;
-			tool = tr->tool_name[0] ? tr->tool_name :
-			       call_name(v, tr->tool_call_id);
+			tool = refs[j].name[0] ? refs[j].name :
+			       call_name(v, refs[j].id);
 			if (m->include ? !listed(m, tool) : listed(m, tool))
 				continue;
-			if (histd_tokens_blocks(tr->content, tr->n_content) <
-			    m->min_tokens)
-				continue;
+			if (m->min_tokens || kept >= m->keep) {
+				/* Unpacked once per message; refs stay valid
+				 * (arena). */
+				if (!msg && !(msg = v->ops->message(v, i)))
+					return HISTD_ECORRUPT;
+				if (refs[j].block >= msg->n_content ||
+				    msg->content[refs[j].block]->block_case !=
+				    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
+					return HISTD_ECORRUPT;
+			}
+			if (m->min_tokens) {
+				const Histd__V1__ToolResultBlock *tr =
+					msg->content[refs[j].block]->tool_result;
+
+				if (histd_tokens_blocks(tr->content,
+							tr->n_content) <
+				    m->min_tokens)
+					continue;
+			}
 			if (kept < m->keep) {
 				kept++;
 				continue;
 			}
-			if ((rc = mask_block(v, b)))
+			if ((rc = mask_block(v, msg->content[refs[j].block])))
 				return rc;
 			changed = 1;
 		}

@@ -441,10 +441,21 @@ struct chunk {
 	_Alignas(16) unsigned char mem[];
 };
 
+/* The tool blocks of one stored message, read from its bytes. */
+struct tools_slot {
+	const uint8_t *data;           /* NULL: empty slot */
+	histd_view_tool *refs;
+	size_t n;
+};
+
 struct host {
 	struct chunk *chunks;
 	size_t cap;                    /* of v->items */
 	ProtobufCAllocator alloc;
+	/* histd_view_tools of items not unpacked, by their bytes' address
+	 * (open addressing; items move, their bytes do not). */
+	struct tools_slot *tools;
+	size_t tools_cap, tools_used;
 };
 
 static void *
@@ -583,6 +594,7 @@ histd_view_free(histd_view *v)
 		h->chunks = c->next;
 		free(c);
 	}
+	free(h->tools);
 	free(h);
 	free(v->items);
 	free(v);
@@ -708,6 +720,268 @@ histd_message_scan(const uint8_t *p, size_t len, int *role, uint32_t *flags)
 	return 0;
 }
 
+/* A ToolCallBlock's or ToolResultBlock's fields 1 and 2 (both strings;
+ * the last occurrence wins, as unpacking does). */
+static int
+scan_two_strings(const uint8_t *p, size_t len, const uint8_t **s1,
+		 size_t *l1, const uint8_t **s2, size_t *l2)
+{
+	size_t i = 0;
+
+	*s1 = *s2 = NULL;
+	*l1 = *l2 = 0;
+	while (i < len) {
+		const uint8_t *sub = NULL;
+		size_t sub_len = 0, n;
+		uint64_t key;
+
+		if (!(n = rd_varint(p + i, len - i, &key)))
+			return HISTD_ECORRUPT;
+		i += n;
+		if ((key >> 3 == 1 || key >> 3 == 2) && (key & 7) != 2)
+			return HISTD_ECORRUPT;
+		if (!(n = rd_skip(p + i, len - i, key & 7, &sub, &sub_len,
+				  NULL)))
+			return HISTD_ECORRUPT;
+		i += n;
+		if (key >> 3 == 1) {
+			*s1 = sub;
+			*l1 = sub_len;
+		} else if (key >> 3 == 2) {
+			*s2 = sub;
+			*l2 = sub_len;
+		}
+	}
+	return 0;
+}
+
+/* A NUL-terminated copy of len bytes in the view's arena. */
+static char *
+arena_strndup(struct host *h, const uint8_t *s, size_t len)
+{
+	char *p = arena_alloc(h, len + 1);
+
+	if (p) {
+		if (len)
+			memcpy(p, s, len);
+		p[len] = '\0';
+	}
+	return p;
+}
+
+/*
+ * The tool blocks of a packed Message, in content order. With refs NULL
+ * only counts them into *n. Each ContentBlock's oneof is its last field
+ * of 1..6, as unpacking decides.
+ */
+static int
+tools_scan(struct host *h, const uint8_t *p, size_t len,
+	   histd_view_tool *refs, size_t *n)
+{
+	size_t i = 0, k = 0;
+	uint32_t block = 0;
+
+	while (i < len) {
+		const uint8_t *sub = NULL;
+		size_t sub_len = 0, m;
+		uint64_t key;
+
+		if (!(m = rd_varint(p + i, len - i, &key)))
+			return HISTD_ECORRUPT;
+		i += m;
+		if (key >> 3 == 3 && (key & 7) != 2)
+			return HISTD_ECORRUPT;
+		if (!(m = rd_skip(p + i, len - i, key & 7, &sub, &sub_len, NULL)))
+			return HISTD_ECORRUPT;
+		i += m;
+		if (key >> 3 == 3) {
+			const uint8_t *one = NULL, *s1, *s2;
+			size_t one_len = 0, j = 0, l1, l2;
+			unsigned which = 0;
+
+			while (j < sub_len) {
+				const uint8_t *s3 = NULL;
+				size_t l3 = 0;
+				uint64_t k2;
+
+				if (!(m = rd_varint(sub + j, sub_len - j, &k2)))
+					return HISTD_ECORRUPT;
+				j += m;
+				if (!(m = rd_skip(sub + j, sub_len - j, k2 & 7,
+						  &s3, &l3, NULL)))
+					return HISTD_ECORRUPT;
+				j += m;
+				if (k2 >> 3 >= 1 && k2 >> 3 <= 6) {
+					if ((k2 & 7) != 2)
+						return HISTD_ECORRUPT;
+					which = (unsigned)(k2 >> 3);
+					one = s3;
+					one_len = l3;
+				}
+			}
+			if (which == 5 || which == 6) {
+				if (scan_two_strings(one, one_len, &s1, &l1, &s2,
+						     &l2))
+					return HISTD_ECORRUPT;
+				if (refs) {
+					histd_view_tool *r = &refs[k];
+
+					r->kind = which == 5 ? HISTD_ITEM_CALLS :
+							       HISTD_ITEM_RESULTS;
+					r->block = block;
+					r->id = arena_strndup(h, s1, l1);
+					r->name = arena_strndup(h, s2, l2);
+					if (!r->id || !r->name)
+						return HISTD_ENOMEM;
+				}
+				k++;
+			}
+			block++;
+		}
+	}
+	*n = k;
+	return 0;
+}
+
+/* The refs of an unpacked message, in the arena. */
+static int
+tools_of_msg(struct host *h, const Histd__V1__Message *m,
+	     const histd_view_tool **out, size_t *n)
+{
+	histd_view_tool *refs;
+	size_t k = 0;
+
+	for (size_t j = 0; j < m->n_content; j++)
+		if (m->content[j]->block_case ==
+		    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL ||
+		    m->content[j]->block_case ==
+		    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
+			k++;
+	*out = NULL;
+	*n = 0;
+	if (!k)
+		return 0;
+	if (!(refs = arena_alloc(h, k * sizeof(*refs))))
+		return enomem();
+	k = 0;
+	for (size_t j = 0; j < m->n_content; j++) {
+		const Histd__V1__ContentBlock *b = m->content[j];
+		histd_view_tool *r = &refs[k];
+
+		if (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL) {
+			r->kind = HISTD_ITEM_CALLS;
+			r->id = b->tool_call->id;
+			r->name = b->tool_call->name;
+		} else if (b->block_case ==
+			   HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT) {
+			r->kind = HISTD_ITEM_RESULTS;
+			r->id = b->tool_result->tool_call_id;
+			r->name = b->tool_result->tool_name;
+		} else
+			continue;
+		r->block = (uint32_t)j;
+		if (!r->id)
+			r->id = "";
+		if (!r->name)
+			r->name = "";
+		k++;
+	}
+	*out = refs;
+	*n = k;
+	return 0;
+}
+
+static size_t
+ptr_hash(const void *p)
+{
+	uint64_t x = (uint64_t)(uintptr_t)p;
+
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	return (size_t)x;
+}
+
+static int
+tools_grow(struct host *h)
+{
+	size_t cap = h->tools_cap ? h->tools_cap * 2 : 64;
+	struct tools_slot *t = calloc(cap, sizeof(*t));
+
+	if (!t)
+		return enomem();
+	for (size_t i = 0; i < h->tools_cap; i++) {
+		size_t k;
+
+		if (!h->tools[i].data)
+			continue;
+		for (k = ptr_hash(h->tools[i].data) & (cap - 1); t[k].data;
+		     k = (k + 1) & (cap - 1))
+			;
+		t[k] = h->tools[i];
+	}
+	free(h->tools);
+	h->tools = t;
+	h->tools_cap = cap;
+	return 0;
+}
+
+int
+histd_view_tools(histd_view *v, size_t i, const histd_view_tool **refs,
+		 size_t *n)
+{
+	struct host *h = v->host;
+	histd_view_item *it;
+	struct tools_slot *slot;
+	histd_view_tool *r;
+	size_t k, cnt;
+
+	*refs = NULL;
+	*n = 0;
+	if (i >= v->n)
+		return 0;
+	it = &v->items[i];
+	if (it->msg)
+		return tools_of_msg(h, it->msg, refs, n);
+	if (!it->data)
+		return 0;
+	if ((h->tools_used + 1) * 2 > h->tools_cap && tools_grow(h))
+		return enomem();
+	for (k = ptr_hash(it->data) & (h->tools_cap - 1);
+	     h->tools[k].data; k = (k + 1) & (h->tools_cap - 1))
+		if (h->tools[k].data == it->data) {
+			*refs = h->tools[k].refs;
+			*n = h->tools[k].n;
+			return 0;
+		}
+	slot = &h->tools[k];
+	if (tools_scan(h, it->data, it->len, NULL, &cnt))
+		goto corrupt;
+	r = NULL;
+	if (cnt) {
+		int rc;
+
+		if (!(r = arena_alloc(h, cnt * sizeof(*r))))
+			return enomem();
+		if ((rc = tools_scan(h, it->data, it->len, r, &cnt))) {
+			if (rc == HISTD_ENOMEM)
+				return enomem();
+			goto corrupt;
+		}
+	}
+	slot->data = it->data;
+	slot->refs = r;
+	slot->n = cnt;
+	h->tools_used++;
+	*refs = r;
+	*n = cnt;
+	return 0;
+corrupt:
+	return histd_error_set(HISTD_ECORRUPT,
+		"the stored message at seq %llu does not decode",
+		(unsigned long long)it->seq);
+}
+
 int
 histd_view_push_record(histd_view *v, uint64_t seq, uint32_t tokens,
 		       const uint8_t *data, size_t len)
@@ -780,17 +1054,17 @@ histd_view_push_message(histd_view *v, Histd__V1__Message *m, uint32_t flags)
 /* What the safe-start scan needs of one message. */
 struct turn_info {
 	int role;
-	uint32_t flags;
-	const Histd__V1__Message *m;   /* NULL when it holds no tool blocks */
+	const histd_view_tool *refs;    /* its tool blocks */
+	size_t n_refs;
 };
 
 /*
  * Backward scan: `need` holds the tool_call ids that results in m[s..n)
  * answer and that no call in m[s..n) issued. A start s is safe when need
- * is empty and m[s] does not continue an assistant run.
+ * is empty and m[s] does not continue an assistant run. Sets safe[lo..n].
  */
 static int
-safe_scan(const struct turn_info *t, size_t n, unsigned char *safe,
+safe_scan(const struct turn_info *t, size_t n, size_t lo, unsigned char *safe,
 	  int first_is_start)
 {
 	histd_idset need;
@@ -798,29 +1072,17 @@ safe_scan(const struct turn_info *t, size_t n, unsigned char *safe,
 
 	histd_idset_init(&need);
 	safe[n] = 1;
-	for (size_t k = n; k-- > 0;) {
-		const Histd__V1__Message *m = t[k].m;
+	for (size_t k = n; k-- > lo;) {
 		int cont;
 
-		if (m) {
-			for (size_t j = 0; j < m->n_content && !rc; j++) {
-				const Histd__V1__ContentBlock *b = m->content[j];
-
-				if (b->block_case ==
-				    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
-					rc = histd_idset_add(&need,
-						b->tool_result->tool_call_id);
-			}
-			for (size_t j = 0; j < m->n_content && !rc; j++) {
-				const Histd__V1__ContentBlock *b = m->content[j];
-
-				if (b->block_case ==
-				    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL)
-					histd_idset_del(&need, b->tool_call->id);
-			}
-			if (rc)
-				break;
-		}
+		for (size_t j = 0; j < t[k].n_refs && !rc; j++)
+			if (t[k].refs[j].kind == HISTD_ITEM_RESULTS)
+				rc = histd_idset_add(&need, t[k].refs[j].id);
+		for (size_t j = 0; j < t[k].n_refs && !rc; j++)
+			if (t[k].refs[j].kind == HISTD_ITEM_CALLS)
+				histd_idset_del(&need, t[k].refs[j].id);
+		if (rc)
+			break;
 		/* Consecutive assistant messages are one turn (reasoning
 		 * items, then the message or calls they led to). */
 		if (k == 0)
@@ -839,17 +1101,72 @@ histd_safe_starts_msgs(Histd__V1__Message *const *m, size_t n,
 		       unsigned char *safe, int first_is_start)
 {
 	struct turn_info *t = calloc(n ? n : 1, sizeof(*t));
+	histd_view_tool *refs = NULL;
+	size_t total = 0, o = 0;
 	int rc;
 
 	if (!t)
 		return enomem();
+	for (size_t i = 0; i < n; i++)
+		total += m[i]->n_content;
+	if (total && !(refs = malloc(total * sizeof(*refs)))) {
+		free(t);
+		return enomem();
+	}
 	for (size_t i = 0; i < n; i++) {
 		t[i].role = m[i]->role;
-		t[i].flags = msg_flags(m[i]);
-		t[i].m = (t[i].flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)) ?
-			 m[i] : NULL;
+		t[i].refs = refs + o;
+		for (size_t j = 0; j < m[i]->n_content; j++) {
+			const Histd__V1__ContentBlock *b = m[i]->content[j];
+
+			if (b->block_case ==
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL) {
+				refs[o].kind = HISTD_ITEM_CALLS;
+				refs[o++].id = b->tool_call->id;
+			} else if (b->block_case ==
+				   HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT) {
+				refs[o].kind = HISTD_ITEM_RESULTS;
+				refs[o++].id = b->tool_result->tool_call_id;
+			}
+		}
+		t[i].n_refs = (size_t)(refs + o - t[i].refs);
 	}
-	rc = safe_scan(t, n, safe, first_is_start);
+	rc = safe_scan(t, n, 0, safe, first_is_start);
+	free(refs);
+	free(t);
+	return rc;
+}
+
+int
+histd_safe_starts_items_from(histd_view *v, size_t from, size_t lo,
+			     unsigned char *safe, int first_is_start)
+{
+	size_t n = v->n - from;
+	struct turn_info *t;
+	int rc;
+
+	if (lo > n)
+		lo = n;
+	if (!(t = calloc(n ? n : 1, sizeof(*t))))
+		return enomem();
+	for (size_t i = lo; i < n; i++) {
+		histd_view_item *it = &v->items[from + i];
+
+		t[i].role = it->role;
+		/* The role of the one before lo decides whether lo
+		 * continues a turn. */
+		if (i == lo && i > 0)
+			t[i - 1].role = v->items[from + i - 1].role;
+		if (it->flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)) {
+			rc = histd_view_tools(v, from + i, &t[i].refs,
+					      &t[i].n_refs);
+			if (rc) {
+				free(t);
+				return rc;
+			}
+		}
+	}
+	rc = safe_scan(t, n, lo, safe, first_is_start);
 	free(t);
 	return rc;
 }
@@ -858,31 +1175,8 @@ int
 histd_safe_starts_items(histd_view *v, size_t from, unsigned char *safe,
 			int first_is_start)
 {
-	size_t n = v->n - from;
-	struct turn_info *t = calloc(n ? n : 1, sizeof(*t));
-	int rc;
-
-	if (!t)
-		return enomem();
-	for (size_t i = 0; i < n; i++) {
-		histd_view_item *it = &v->items[from + i];
-
-		t[i].role = it->role;
-		t[i].flags = it->flags;
-		if (it->flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)) {
-			t[i].m = histd_view_message(v, from + i);
-			if (!t[i].m) {
-				free(t);
-				return histd_error_set(HISTD_ECORRUPT,
-					"the stored message at seq %llu does "
-					"not decode",
-					(unsigned long long)it->seq);
-			}
-		}
-	}
-	rc = safe_scan(t, n, safe, first_is_start);
-	free(t);
-	return rc;
+	return histd_safe_starts_items_from(v, from, 0, safe,
+					    first_is_start);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -895,11 +1189,23 @@ drop_unpaired(histd_view *v, size_t i, const histd_idset *calls,
 	      const histd_idset *results)
 {
 	histd_view_item *it = &v->items[i];
-	Histd__V1__Message *m = histd_view_message(v, i), *c;
+	const histd_view_tool *refs;
+	Histd__V1__Message *m, *c;
 	Histd__V1__ContentBlock **keep;
-	size_t n = 0;
+	size_t n = 0, n_refs;
+	int rc;
 
-	if (!m)
+	/* Most messages keep every block: decide that from the ids alone. */
+	if ((rc = histd_view_tools(v, i, &refs, &n_refs)))
+		return rc;
+	for (n = 0; n < n_refs; n++)
+		if (!histd_idset_has(refs[n].kind == HISTD_ITEM_CALLS ?
+				     results : calls, refs[n].id))
+			break;
+	if (n == n_refs)
+		return 0;
+	n = 0;
+	if (!(m = histd_view_message(v, i)))
 		return histd_error_set(HISTD_ECORRUPT,
 			"the stored message at seq %llu does not decode",
 			(unsigned long long)it->seq);
@@ -968,26 +1274,16 @@ histd_view_fixup(histd_view *v)
 	histd_idset_init(&calls);
 	histd_idset_init(&results);
 	for (size_t i = 0; i < v->n && !rc; i++) {
-		Histd__V1__Message *m;
+		const histd_view_tool *refs;
+		size_t n_refs;
 
 		if (!(v->items[i].flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)))
 			continue;
-		if (!(m = histd_view_message(v, i))) {
-			rc = histd_error_set(HISTD_ECORRUPT,
-				"the stored message at seq %llu does not decode",
-				(unsigned long long)v->items[i].seq);
+		if ((rc = histd_view_tools(v, i, &refs, &n_refs)))
 			break;
-		}
-		for (size_t j = 0; j < m->n_content && !rc; j++) {
-			const Histd__V1__ContentBlock *b = m->content[j];
-
-			if (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL)
-				rc = histd_idset_add(&calls, b->tool_call->id);
-			else if (b->block_case ==
-				 HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
-				rc = histd_idset_add(&results,
-					b->tool_result->tool_call_id);
-		}
+		for (size_t j = 0; j < n_refs && !rc; j++)
+			rc = histd_idset_add(refs[j].kind == HISTD_ITEM_CALLS ?
+					     &calls : &results, refs[j].id);
 	}
 	/* A result must come after its call: a call seen only later does not
 	 * count. Calls and results are unique per session, so "present in

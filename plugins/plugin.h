@@ -311,6 +311,26 @@ int histd_message_scan(const uint8_t *p, size_t len, int *role,
 		       uint32_t *flags);
 /* The message of item i, unpacked (same as v->ops->message). */
 Histd__V1__Message *histd_view_message(histd_view *v, size_t i);
+
+/* One tool block of a view item (histd_view_tools). */
+typedef struct histd_view_tool {
+	uint32_t kind;        /* HISTD_ITEM_CALLS or HISTD_ITEM_RESULTS */
+	uint32_t block;       /* its index in the message's content */
+	const char *id;       /* tool_call.id or tool_result.tool_call_id */
+	const char *name;     /* tool_call.name or tool_result.tool_name */
+} histd_view_tool;
+
+/*
+ * The tool_call and tool_result blocks of item i, in content order, as
+ * an array in the view's arena (*refs NULL when *n is 0). An item whose
+ * message is unpacked (item->msg set) is read from it, so changes made
+ * in place show; otherwise they are read from the stored bytes without
+ * unpacking (once per view: the bytes never change). 0, ENOMEM, or
+ * ECORRUPT if the bytes do not decode. Lets the built-in plugins and the
+ * fix-up find tool ids without unpacking whole messages.
+ */
+int histd_view_tools(histd_view *v, size_t i, const histd_view_tool **refs,
+		     size_t *n);
 /* Arena allocation (same as v->ops->alloc). */
 void *histd_view_alloc(histd_view *v, size_t size);
 
@@ -327,10 +347,16 @@ int histd_view_fixup(histd_view *v);
  * turn begun at m[s-1] (its reasoning or tool calls). safe[n] = 1 always;
  * safe[0] = 1 only if m[0] itself qualifies and `first_is_start` (nothing
  * older, or the caller knows m[0] starts a turn). The item form reads the
- * view's items from..n_items (unpacking only those with tool blocks).
+ * view's items from..n_items (their tool ids by histd_view_tools: no
+ * unpacking).
  */
 int histd_safe_starts_items(histd_view *v, size_t from, unsigned char *safe,
 			    int first_is_start);
+/* As histd_safe_starts_items, but only safe[lo..n_items-from] are set,
+ * each as the full scan sets it (a start depends only on the messages
+ * from it on, so the scan stops at lo); the rest of safe is untouched. */
+int histd_safe_starts_items_from(histd_view *v, size_t from, size_t lo,
+				 unsigned char *safe, int first_is_start);
 int histd_safe_starts_msgs(Histd__V1__Message *const *m, size_t n,
 			   unsigned char *safe, int first_is_start);
 

@@ -139,7 +139,8 @@ w_transform(void *state, histd_view *v)
 
 	if (!(safe = malloc(m + 1)))
 		return HISTD_ENOMEM;
-	rc = histd_safe_starts_items(v, from, safe, v->complete);
+	/* Only starts from s0 on can be chosen: the scan stops there. */
+	rc = histd_safe_starts_items_from(v, from, s0, safe, v->complete);
 	if (rc) {
 		free(safe);
 		return rc;

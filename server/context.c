@@ -41,6 +41,18 @@ struct sys_msg {
 	uint8_t *data;
 };
 
+/* A session's summary as the CONTEXT view shows it, made once per stored
+ * summary and shared by the reads (refs under the session's idx_lock). */
+struct sum_view {
+	int refs;
+	uint8_t *rec;              /* the stored Summary's bytes */
+	size_t rec_len;
+	Histd__V1__Summary *sum;   /* unpacked (default allocator) */
+	uint8_t *msg;              /* the summary message, packed */
+	size_t msg_len;
+	uint32_t tokens;           /* its estimate */
+};
+
 /* What the context knows of one session. Entries live until the context
  * is freed (they are small; the system index is what the session's
  * system prompts weigh). */
@@ -64,6 +76,7 @@ struct sess {
 	uint64_t idx_scanned;      /* every seq <= this was scanned */
 	struct sys_msg *sys;
 	size_t n_sys, cap_sys;
+	struct sum_view *sumv;     /* the newest summary seen, or NULL */
 	/* Tokens of the messages a summary covers (worker only). */
 	uint64_t cov_to, cov_cleared, cov_tokens;
 	int cov_known;
@@ -168,8 +181,21 @@ sys_clear(struct sess *s)
 }
 
 static void
+sum_view_unref(struct sum_view *sv)
+{
+	if (!sv || --sv->refs > 0)
+		return;
+	if (sv->sum)
+		histd__v1__summary__free_unpacked(sv->sum, NULL);
+	free(sv->rec);
+	free(sv->msg);
+	free(sv);
+}
+
+static void
 sess_free(struct sess *s)
 {
+	sum_view_unref(s->sumv);
 	sys_clear(s);
 	free(s->sys);
 	pthread_mutex_destroy(&s->idx_lock);
@@ -502,6 +528,70 @@ fit_bytes(histd_view *v, size_t max)
 	return histd_view_fixup(v);
 }
 
+static void
+sum_view_release(struct sess *s, struct sum_view *sv)
+{
+	pthread_mutex_lock(&s->idx_lock);
+	sum_view_unref(sv);
+	pthread_mutex_unlock(&s->idx_lock);
+}
+
+/*
+ * The view of the stored summary rec: the session's cached one when rec
+ * is the same bytes, else made now (built in v's arena, then packed) and
+ * cached in its place. *out holds a reference (sum_view_release).
+ */
+static int
+summary_view(struct sess *s, histd_view *v, const histd_record *rec,
+	     struct sum_view **out)
+{
+	struct sum_view *sv;
+	Histd__V1__Message *m;
+
+	pthread_mutex_lock(&s->idx_lock);
+	sv = s->sumv;
+	if (sv && sv->rec_len == rec->len &&
+	    !memcmp(sv->rec, rec->data, rec->len)) {
+		sv->refs++;
+		pthread_mutex_unlock(&s->idx_lock);
+		*out = sv;
+		return 0;
+	}
+	pthread_mutex_unlock(&s->idx_lock);
+
+	if (!(sv = calloc(1, sizeof(*sv))))
+		return enomem();
+	sv->refs = 1;
+	if (!(sv->sum = summary_unpack(rec))) {
+		sum_view_unref(sv);
+		return histd_error_set(HISTD_ECORRUPT,
+				       "the stored summary does not decode");
+	}
+	if (!(m = summary_message(v, sv->sum)) ||
+	    !(sv->rec = malloc(rec->len ? rec->len : 1))) {
+		sum_view_unref(sv);
+		return enomem();
+	}
+	memcpy(sv->rec, rec->data, rec->len);
+	sv->rec_len = rec->len;
+	sv->tokens = histd_tokens_message(m);
+	m->token_estimate = sv->tokens;
+	sv->msg_len = histd__v1__message__get_packed_size(m);
+	if (!(sv->msg = malloc(sv->msg_len ? sv->msg_len : 1))) {
+		sum_view_unref(sv);
+		return enomem();
+	}
+	histd__v1__message__pack(m, sv->msg);
+
+	pthread_mutex_lock(&s->idx_lock);
+	sum_view_unref(s->sumv);
+	s->sumv = sv;
+	sv->refs++;
+	pthread_mutex_unlock(&s->idx_lock);
+	*out = sv;
+	return 0;
+}
+
 /* One attempt at the view with the newest `load` messages. */
 static int
 context_once(histd_context *x, histd_driver *d, const char *tenant,
@@ -512,7 +602,8 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 			 .last_n = load, .want_session = 1 };
 	histd_read_result res = { 0 };
 	histd_record *sumrec = NULL;
-	Histd__V1__Summary *sum = NULL;
+	const Histd__V1__Summary *sum = NULL;
+	struct sum_view *sv = NULL;
 	histd_pipeline *p = NULL, *extra = NULL;
 	histd_view *v = NULL;
 	struct sess *s = NULL;
@@ -525,41 +616,42 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 		goto out;
 	if ((rc = histd_driver_summary_get(d, tenant, r->session_id, &sumrec)))
 		goto out;
-	if (sumrec && !(sum = summary_unpack(sumrec))) {
-		rc = histd_error_set(HISTD_ECORRUPT,
-				     "the stored summary does not decode");
+	first_loaded = res.records.n ? res.records.v[0].seq : res.last_seq + 1;
+	if (!(v = histd_view_new())) {
+		rc = enomem();
 		goto out;
+	}
+	pthread_mutex_lock(&x->lock);
+	s = sess_get(x, d, tenant, r->session_id);
+	if (s)
+		note_tenant(x, tenant);
+	pthread_mutex_unlock(&x->lock);
+	if (!s) {
+		rc = enomem();
+		goto out;
+	}
+	if (sumrec) {
+		if ((rc = summary_view(s, v, sumrec, &sv)))
+			goto out;
+		sum = sv->sum;
 	}
 	/* A summary from before a clear or replace covers nothing left. */
 	if (sum && sum->covers_to_seq <= res.cleared_to_seq) {
-		histd__v1__summary__free_unpacked(sum, NULL);
+		sum_view_release(s, sv);
 		histd_record_free(sumrec);
+		sv = NULL;
 		sum = NULL;
 		sumrec = NULL;
 	}
 	lower = res.cleared_to_seq;
 	if (sum && sum->covers_to_seq > lower)
 		lower = sum->covers_to_seq;
-	first_loaded = res.records.n ? res.records.v[0].seq : res.last_seq + 1;
 
-	if (!(v = histd_view_new())) {
-		rc = enomem();
-		goto out;
-	}
 	v->now_us = histd_now_us();
 	v->summary = sum;
 
 	/* System messages older than what was loaded, from the index. */
 	if (first_loaded > res.cleared_to_seq + 1) {
-		pthread_mutex_lock(&x->lock);
-		s = sess_get(x, d, tenant, r->session_id);
-		if (s)
-			note_tenant(x, tenant);
-		pthread_mutex_unlock(&x->lock);
-		if (!s) {
-			rc = enomem();
-			goto out;
-		}
 		pthread_mutex_lock(&s->idx_lock);
 		locked = 1;
 		if ((rc = index_update(s, d, tenant, res.session,
@@ -585,14 +677,11 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 			goto out;
 	}
 	if (sum) {
-		Histd__V1__Message *m = summary_message(v, sum);
-
-		if (!m) {
-			rc = enomem();
+		/* The packed summary message stands as its stored bytes. */
+		if ((rc = histd_view_push_record(v, 0, sv->tokens, sv->msg,
+						 sv->msg_len)))
 			goto out;
-		}
-		if ((rc = histd_view_push_message(v, m, HISTD_ITEM_SUMMARY)))
-			goto out;
+		v->items[v->n - 1].flags = HISTD_ITEM_SUMMARY;
 	}
 	for (size_t i = 0; i < res.records.n; i++) {
 		const histd_record *rec = &res.records.v[i];
@@ -632,8 +721,8 @@ out:
 	if (owned)
 		histd_pipeline_free(p);
 	histd_pipeline_free(extra);
-	if (sum)
-		histd__v1__summary__free_unpacked(sum, NULL);
+	if (sv)
+		sum_view_release(s, sv);
 	histd_record_free(sumrec);
 	histd_read_result_clear(&res);
 	return rc;
