@@ -69,6 +69,10 @@ struct sess {
 	int retries;               /* failed attempts in a row */
 	int64_t not_before;        /* backoff: no attempt before this */
 	int64_t last_append_us;
+	/* Its pipeline has no reducer (nothing to check after an append)
+	 * as of this time; appends skip the worker until NO_REDUCER_TTL_US
+	 * later, or until the session's config may have changed here. */
+	int64_t no_reducer_us;
 	/* The system index, under idx_lock. */
 	pthread_mutex_t idx_lock;
 	int64_t idx_created_us;
@@ -146,6 +150,10 @@ key_hash(const char *tenant, const char *id)
 
 /* The entry of (tenant, id), created if absent; x->lock held. NULL if out
  * of memory. */
+/* How long "no reducer" is trusted: a config changed on another replica
+ * is noticed within this time. */
+#define NO_REDUCER_TTL_US (10 * 1000000LL)
+
 static struct sess *
 sess_get(histd_context *x, histd_driver *d, const char *tenant,
 	 const char *id)
@@ -1147,12 +1155,36 @@ histd_context_after_append(histd_context *x, histd_driver *d,
 	s = sess_get(x, d, tenant, session_id);
 	if (s) {
 		s->last_append_us = histd_now_us();
+		/* Most sessions never compact: no wake-up, no session read. */
+		if (s->no_reducer_us &&
+		    s->last_append_us - s->no_reducer_us < NO_REDUCER_TTL_US) {
+			note_tenant(x, tenant);
+			pthread_mutex_unlock(&x->lock);
+			return;
+		}
+		s->no_reducer_us = 0;
 		if (!s->queued) {
 			enqueue(x, s, s->not_before);
 			pthread_cond_signal(&x->work);
 		}
 		note_tenant(x, tenant);
 	}
+	pthread_mutex_unlock(&x->lock);
+}
+
+void
+histd_context_config_changed(histd_context *x, const char *tenant,
+			     const char *session_id)
+{
+	struct sess *s;
+
+	if (!x)
+		return;
+	pthread_mutex_lock(&x->lock);
+	for (s = x->table[key_hash(tenant, session_id) % BUCKETS]; s;
+	     s = s->next)
+		if (!strcmp(s->tenant, tenant) && !strcmp(s->id, session_id))
+			s->no_reducer_us = 0;
 	pthread_mutex_unlock(&x->lock);
 }
 
@@ -1217,8 +1249,13 @@ wants_reduce(histd_context *x, struct sess *s, int *want)
 		return rc;
 	if ((rc = session_pipeline(x, sr, &p, &owned)))
 		goto out;
-	if (histd_pipeline_reducer(p) < 0)
-		goto out;       /* no compaction, no auto_reduce_when */
+	if (histd_pipeline_reducer(p) < 0) {
+		/* No compaction, no auto_reduce_when: remember it. */
+		pthread_mutex_lock(&x->lock);
+		s->no_reducer_us = histd_now_us();
+		pthread_mutex_unlock(&x->lock);
+		goto out;
+	}
 	if ((rc = histd_driver_summary_get(s->d, s->tenant, s->id, &sumrec)))
 		goto out;
 	if (sumrec && (sum = summary_unpack(sumrec)))

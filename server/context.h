@@ -138,4 +138,9 @@ int histd_context_wait_idle(histd_context *x, int timeout_ms);
 /* Runs one TTL sweep now (tests). Returns the sessions deleted. */
 int histd_context_sweep(histd_context *x);
 
+/* The session's config may have changed (created, updated, deleted or
+ * forked here): the next append checks its pipeline again. */
+void histd_context_config_changed(histd_context *x, const char *tenant,
+				  const char *session_id);
+
 #endif

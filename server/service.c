@@ -2011,6 +2011,34 @@ arena_release(struct arena *a)
 	}
 }
 
+/* The context pipeline remembers which sessions never compact; a write
+ * that may change or replace a session's config tells it. */
+static void
+config_may_have_changed(histd_service *s, enum histd_method m,
+			const char *tenant, const void *msg)
+{
+	const char *id = NULL;
+
+	switch (m) {
+	case HISTD_M_CREATE_SESSION:
+		id = ((const Histd__V1__CreateSessionRequest *)msg)->session_id;
+		break;
+	case HISTD_M_UPDATE_SESSION:
+		id = ((const Histd__V1__UpdateSessionRequest *)msg)->session_id;
+		break;
+	case HISTD_M_DELETE_SESSION:
+		id = ((const Histd__V1__DeleteSessionRequest *)msg)->session_id;
+		break;
+	case HISTD_M_FORK_SESSION:
+		id = ((const Histd__V1__ForkSessionRequest *)msg)->new_session_id;
+		break;
+	default:
+		return;
+	}
+	if (id && *id)
+		histd_context_config_changed(s->cfg.context, tenant, id);
+}
+
 int
 histd_service_unary(histd_service *s, enum histd_method m,
 		    const histd_caller *who, const uint8_t *req, size_t len,
@@ -2062,6 +2090,8 @@ histd_service_unary(histd_service *s, enum histd_method m,
 	c.reply = reply;
 	c.alloc = &alloc;
 	rc = methods[m].fn(&c, msg);
+	if (rc == 0)
+		config_may_have_changed(s, m, who->tenant, msg);
 	if (rc) {
 		/* Set only on success, as service.h promises. */
 		free(reply->data);
