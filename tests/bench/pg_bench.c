@@ -440,7 +440,7 @@ phase_append(struct bench *b)
 			b->failed = 1;
 			goto out;
 		}
-		reqs[i] = append_request(b, strdup(id), 1);
+		reqs[i] = append_request(b, id, 1);
 	}
 	/* pgbench's sessions for the transaction script. */
 	snprintf(sql, sizeof(sql),
@@ -628,7 +628,7 @@ phase_commit(struct bench *b)
 
 			snprintf(id, sizeof(id), "c-%zu", i);
 			create_session(b, id);
-			reqs[i] = append_request(b, strdup(id), 1);
+			reqs[i] = append_request(b, id, 1);
 		}
 		if (b->o.warmup_s > 0)
 			closed(b, BENCH_M_APPEND, reqs, b->o.callers, b->o.warmup_s,
