@@ -662,13 +662,14 @@ build(built *bt, const histd_append *a, uint64_t first_seq)
 		bt->recs[i] = (histd_record){ .seq = first_seq + i,
 					      .token_estimate = m->token_estimate,
 					      .len = (uint32_t)len, .data = blk };
-		bt->refs[i].calls = bt->pool + used;
+		/* pool is NULL when no message names a tool call. */
+		bt->refs[i].calls = bt->pool ? bt->pool + used : NULL;
 		bt->refs[i].n_calls = m->n_calls;
 		for (size_t j = 0; j < m->n_calls; j++)
 			bt->pool[used++] = (hf_ref){ m->calls[j].id,
 						     strlen(m->calls[j].id),
 						     m->calls[j].block };
-		bt->refs[i].results = bt->pool + used;
+		bt->refs[i].results = bt->pool ? bt->pool + used : NULL;
 		bt->refs[i].n_results = m->n_results;
 		for (size_t j = 0; j < m->n_results; j++)
 			bt->pool[used++] = (hf_ref){ m->results[j].id,

@@ -70,6 +70,8 @@ rd_session_in(hf_rd *rd, histd_session *in)
 
 	if (!(in->id = hf_get_strdup(rd, &oom)))
 		return oom ? HISTD_ENOMEM : HISTD_ECORRUPT;
+	if (!in->id[0])
+		return HISTD_ECORRUPT;      /* no driver writes an empty id */
 	if ((rc = hf_get_kv(rd, &in->context_keys, &in->n_context_keys)) ||
 	    (rc = hf_get_kv(rd, &in->labels, &in->n_labels)))
 		return rc;
@@ -516,12 +518,14 @@ snap_session(replay *r, hf_rd *rd)
 	s->last_seq = hf_get_varint(rd);
 	s->cleared_to_seq = hf_get_varint(rd);
 	n_msgs = hf_get_varint(rd);
-	if (rd->bad || rd->p != rd->end || !t || memchr(t, 0, tl) ||
+	if (rd->bad || rd->p != rd->end || !t || !tl || memchr(t, 0, tl) ||
 	    n_msgs > s->last_seq) {
 		hf_session_destroy(r->d, s);
 		return corrupt(r, "does not decode");
 	}
-	if (hf_msgs_reserve(s, (size_t)n_msgs) ||
+	/* The count is a hint from the file: reserve at most a modest
+	 * amount up front; the messages themselves grow the array. */
+	if (hf_msgs_reserve(s, n_msgs < 65536 ? (size_t)n_msgs : 65536) ||
 	    (rc = hf_session_insert(r->d, (const char *)t, tl, s))) {
 		hf_session_destroy(r->d, s);
 		return oom_or(r, rc ? rc : HISTD_ENOMEM,
@@ -540,7 +544,7 @@ snap_msg(replay *r, hf_rd *rd, int summary)
 	uint64_t tok = hf_get_varint(rd), len = hf_get_varint(rd);
 
 	if (rd->bad || tok > UINT32_MAX || len != (uint64_t)(rd->end - rd->p) ||
-	    (!summary && !len))
+	    (!summary && (!len || rec.seq == 0)))
 		return corrupt(r, "does not decode");
 	if (!s || (!summary && (rec.seq > s->last_seq ||
 				(s->n_msgs && rec.seq <= s->msgs[s->n_msgs - 1].seq))))

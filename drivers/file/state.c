@@ -433,6 +433,8 @@ hf_msgs_reserve(hf_session *s, size_t n)
 	cap = s->cap_msgs + s->cap_msgs / 2 + 4;
 	if (cap < n)
 		cap = n;
+	if (cap > SIZE_MAX / sizeof(*v))
+		return enomem();
 	v = realloc(s->msgs, cap * sizeof(*v));
 	if (!v)
 		return enomem();
@@ -452,6 +454,8 @@ hf_sums_reserve(hf_session *s, size_t n)
 	cap = s->cap_sums ? s->cap_sums * 2 : 2;
 	if (cap < n)
 		cap = n;
+	if (cap > SIZE_MAX / sizeof(*v))
+		return enomem();
 	v = realloc(s->sums, cap * sizeof(*v));
 	if (!v)
 		return enomem();

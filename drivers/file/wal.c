@@ -281,7 +281,9 @@ write_batch(hf_wal *w, const hf_buf *b, int rot, size_t rot_at,
 		w->fd = nfd;
 		w->gen = rot_gen;
 		w->pos = w->alloc = (uint64_t)lseek(nfd, 0, SEEK_END);
-		if ((rc = put(w, b->p + head, b->len - head, syncs)))
+		/* b->p is NULL when the rotation found nothing queued. */
+		if (b->len > head &&
+		    (rc = put(w, b->p + head, b->len - head, syncs)))
 			return log_error(w, "write", -rc);
 	}
 	if (w->d->mode != HF_FSYNC_NEVER && b->len) {

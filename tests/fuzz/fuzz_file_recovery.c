@@ -21,9 +21,11 @@
  * FUZZ_VERBOSE set in the environment, each run prints how the open went.
  *
  * The directory lives under $FUZZ_TMPDIR, else /dev/shm, else /tmp, and is
- * removed at exit.
+ * removed at exit (after a crash: by the next run).
  */
 #include <dirent.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,11 +72,47 @@ empty_dir(const char *path)
 }
 
 static void
+remove_base(const char *base)
+{
+	char data[600];
+
+	snprintf(data, sizeof(data), "%s/data", base);
+	empty_dir(data);
+	rmdir(data);
+	rmdir(base);
+}
+
+static void
 cleanup(void)
 {
-	empty_dir(data_dir);
-	rmdir(data_dir);
-	rmdir(base_dir);
+	remove_base(base_dir);
+}
+
+/* A crash (abort) skips atexit: removes what dead fuzz processes left in
+ * tmp. Names are histd-fuzz-<pid>-XXXXXX. */
+static void
+sweep(const char *tmp)
+{
+	DIR *dir = opendir(tmp);
+	struct dirent *e;
+	char path[600];
+
+	if (!dir)
+		return;
+	while ((e = readdir(dir))) {
+		long pid;
+		char *end;
+
+		if (strncmp(e->d_name, "histd-fuzz-", 11) != 0)
+			continue;
+		pid = strtol(e->d_name + 11, &end, 10);
+		if (end == e->d_name + 11 || *end != '-' || pid <= 0 ||
+		    kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", tmp, e->d_name);
+		remove_base(path);
+	}
+	closedir(dir);
 }
 
 int
@@ -88,7 +126,9 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	if (!tmp || !*tmp)
 		tmp = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) &&
 		      access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-	snprintf(base_dir, sizeof(base_dir), "%s/histd-fuzz-XXXXXX", tmp);
+	sweep(tmp);
+	snprintf(base_dir, sizeof(base_dir), "%s/histd-fuzz-%ld-XXXXXX", tmp,
+		 (long)getpid());
 	if (!mkdtemp(base_dir)) {
 		perror("fuzz_file_recovery: mkdtemp");
 		abort();

@@ -26,9 +26,38 @@
 #include "file/file.h"
 #include "fixture.h"
 
+/* The data directory file_seeds works in ("" when none). */
+static char work[64];
+
+/* Removes work/data's files, work/data and work. */
+static void
+remove_work(void)
+{
+	char dir[128], path[700];
+	DIR *dd;
+	struct dirent *e;
+
+	if (!work[0])
+		return;
+	snprintf(dir, sizeof(dir), "%s/data", work);
+	if ((dd = opendir(dir))) {
+		while ((e = readdir(dd))) {
+			if (e->d_name[0] == '.')
+				continue;
+			snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+			unlink(path);
+		}
+		closedir(dd);
+	}
+	rmdir(dir);
+	rmdir(work);
+	work[0] = '\0';
+}
+
 static void __attribute__((noreturn))
 die(const char *what, const char *arg)
 {
+	remove_work();
 	fprintf(stderr, "make_seeds: %s %s: %s\n", what, arg ? arg : "",
 		errno ? strerror(errno) : histd_error_message());
 	exit(1);
@@ -225,14 +254,17 @@ static void
 file_seeds(const char *out)
 {
 	static const char *const answer[] = { "call_open" };
-	char tmpl[] = "/tmp/histd-seeds-XXXXXX", dir[600], path[700];
+	char dir[600], path[700];
 	bytes log1, snap2, log2, b = { 0 };
 	uint8_t flags, len[4], zeros[64] = { 0 };
 	histd_driver *d;
 
-	if (!mkdtemp(tmpl))
-		die("mkdtemp", tmpl);
-	snprintf(dir, sizeof(dir), "%s/data", tmpl);
+	strcpy(work, "/tmp/histd-seeds-XXXXXX");
+	if (!mkdtemp(work)) {
+		work[0] = '\0';
+		die("mkdtemp", "/tmp");
+	}
+	snprintf(dir, sizeof(dir), "%s/data", work);
 
 	d = open_dir(dir);
 	scenario_log(d);
@@ -287,22 +319,7 @@ file_seeds(const char *out)
 	free(log1.p);
 	free(snap2.p);
 	free(log2.p);
-	/* The data directory: its files, then itself. */
-	{
-		DIR *dd = opendir(dir);
-		struct dirent *e;
-
-		while (dd && (e = readdir(dd))) {
-			if (e->d_name[0] == '.')
-				continue;
-			snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-			unlink(path);
-		}
-		if (dd)
-			closedir(dd);
-		rmdir(dir);
-		rmdir(tmpl);
-	}
+	remove_work();
 }
 
 /* ---------------------------------------------------------------------- */
