@@ -3,6 +3,7 @@
  * (context.h).
  */
 #include "context.h"
+#include "metrics.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -996,6 +997,8 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 	}
 	if (rc)
 		goto out;
+	histd_metrics_counter_add("histd_compactions_total",
+				  "Compactions by result.", "result=\"ok\"", 1);
 	if (summary_out) {
 		*summary_out = histd__v1__summary__unpack(NULL, plen, packed);
 		if (!*summary_out)
@@ -1042,6 +1045,9 @@ report(histd_context *x, histd_driver *d, const char *tenant,
 
 	snprintf(msg, sizeof(msg), "compaction failed (%s): %s",
 		 histd_error_name(rc), histd_error_message());
+	histd_metrics_counter_add("histd_compactions_total",
+				  "Compactions by result.", "result=\"failed\"",
+				  1);
 	histd_log(HISTD_LOG_WARN, "compaction failed", "session", id,
 		  "plugin", plugin, "error", msg, NULL);
 	pthread_mutex_lock(&x->lock);

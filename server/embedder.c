@@ -374,6 +374,20 @@ typedef struct embed_target {
 	histd_embeddings *client;
 } embed_target;
 
+/* Counts one call to an embedding endpoint. */
+static void
+count_call(const char *provider, int rc)
+{
+	char labels[128];
+
+	snprintf(labels, sizeof(labels), "provider=\"%s\",kind=\"embed\","
+		 "result=\"%s\"", provider ? provider : "",
+		 rc ? histd_error_name(rc) : "OK");
+	histd_metrics_counter_add("histd_provider_calls_total",
+				  "Calls to LLM providers by provider, kind and "
+				  "result.", labels, 1);
+}
+
 /* Embeds and stores texts[0..n) of seqs[]: 0 or the provider's error. */
 static int
 embed_batch(histd_embedder *e, const job *j, const embed_target *t,
@@ -385,6 +399,7 @@ embed_batch(histd_embedder *e, const job *j, const embed_target *t,
 
 	rc = histd_embeddings_embed(t->client, t->model,
 				    (const char *const *)texts, n, &v, &dim);
+	count_call(t->provider, rc);
 	if (rc)
 		return rc;
 	for (size_t i = 0; i < n; i++) {
@@ -679,6 +694,7 @@ s_embed(void *ctx, const char *provider, const char *model, const char *text,
 		text = cut;
 	}
 	rc = histd_embeddings_embed(c, m, &text, 1, v, dim);
+	count_call(provider, rc);
 	free(cut);
 	if (rc == 0)
 		*model_out = m;

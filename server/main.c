@@ -100,8 +100,16 @@ borrowed_summarize(histd_summarizer *s, const histd_summary_request *req,
 		   histd_summary_result *out)
 {
 	histd_summarizer *in = ((borrowed_summarizer *)s)->inner;
+	int rc = in->summarize(in, req, out);
+	char labels[128];
 
-	return in->summarize(in, req, out);
+	snprintf(labels, sizeof(labels), "provider=\"%s\",kind=\"summarize\","
+		 "result=\"%s\"", in->name ? in->name : "",
+		 rc ? histd_error_name(rc) : "OK");
+	histd_metrics_counter_add("histd_provider_calls_total",
+				  "Calls to LLM providers by provider, kind and "
+				  "result.", labels, 1);
+	return rc;
 }
 
 static void

@@ -74,19 +74,28 @@ try:
     except grpc.RpcError:
         pass
 
+    # One compaction (the extractive summarizer: no provider needed).
+    for i in range(12):
+        stub.Append(pb.AppendRequest(session_id="obs", messages=[
+            pb.Message(role=pb.ROLE_USER,
+                       content=[pb.ContentBlock(text=pb.TextBlock(text="turn %d" % i))])]))
+    red = stub.Reduce(pb.ReduceRequest(session_id="obs", max_entries=5))
+    check(red.summary.covers_to_seq > 0, "a Reduce compacts")
+
     url = "http://127.0.0.1:%s/metrics" % mport
     body = urllib.request.urlopen(url, timeout=5).read().decode()
-    check('histd_rpc_requests_total{method="Append",code="OK"} 3' in body,
+    check('histd_rpc_requests_total{method="Append",code="OK"} 15' in body,
           "metrics count Append OK")
     check('histd_rpc_requests_total{method="Append",code="INVALID_ARGUMENT"} 1' in body,
           "metrics count Append INVALID_ARGUMENT")
     check('histd_rpc_requests_total{method="GetSession",code="NOT_FOUND"} 1' in body,
           "metrics count GetSession NOT_FOUND")
-    check('histd_rpc_duration_seconds_bucket{method="Append",le="+Inf"} 4' in body,
+    check('histd_rpc_duration_seconds_bucket{method="Append",le="+Inf"} 16' in body,
           "latency histogram per method")
-    check('histd_driver_duration_seconds_count{op="append"} 3' in body,
+    check('histd_driver_duration_seconds_count{op="append"} 15' in body,
           "driver latency histogram")
     check("histd_subscribers 0" in body and "histd_serving 1" in body, "gauges")
+    check('histd_compactions_total{result="ok"} 1' in body, "compactions are counted")
     check(SECRET not in body, "metrics have no conversation text")
     try:
         urllib.request.urlopen("http://127.0.0.1:%s/other" % mport, timeout=5)
