@@ -546,7 +546,9 @@ snap_msg(replay *r, hf_rd *rd, int summary)
 	if (rd->bad || tok > UINT32_MAX || len != (uint64_t)(rd->end - rd->p) ||
 	    (!summary && (!len || rec.seq == 0)))
 		return corrupt(r, "does not decode");
+	/* Every seq up to cleared_to_seq is gone: none may come back. */
 	if (!s || (!summary && (rec.seq > s->last_seq ||
+				rec.seq <= s->cleared_to_seq ||
 				(s->n_msgs && rec.seq <= s->msgs[s->n_msgs - 1].seq))))
 		return corrupt(r, "does not fit the snapshot's session");
 	rec.token_estimate = (uint32_t)tok;
