@@ -223,6 +223,9 @@ typedef struct histd_change {
 	const histd_record *records;
 	size_t n_records;
 	const histd_session *session;
+	/* CLEARED by truncate: the system messages at or below cleared_to_seq
+	 * are still stored (everything else up to it is gone). 0 for clear. */
+	int system_kept;
 } histd_change;
 
 /*
@@ -463,16 +466,21 @@ struct histd_driver {
 	/* --- version 3 --- */
 
 	/* Optional (the retention option of the context pipeline needs it).
-	 * Deletes the stored messages with seq <= up_to_seq (their tool call
-	 * state, vectors and the summaries covering only them), keeping every
-	 * other message, last_seq and seqs as they are; sets cleared_to_seq to
+	 * Deletes the stored messages with seq <= up_to_seq whose role is not
+	 * SYSTEM (their tool call state, vectors, and the summaries with
+	 * covers_to_seq <= up_to_seq), keeping system messages, every later
+	 * message, last_seq and seqs as they are; sets cleared_to_seq to
 	 * max(cleared_to_seq, up_to_seq); +1 revision; notifies CLEARED with
-	 * cleared_to_seq = up_to_seq. An up_to_seq above last_seq counts as
-	 * last_seq (later seqs must stay above cleared_to_seq). A tool call
-	 * whose call message is deleted is forgotten, even if its result
-	 * message stays. A session with nothing at or below
-	 * up_to_seq changes nothing and answers 0 with the current revision.
-	 * expected_revision as in append. */
+	 * cleared_to_seq = up_to_seq and system_kept = 1. So after a truncate
+	 * the only messages at or below cleared_to_seq are system messages,
+	 * and reads return them as usual (after_seq, last_n count them).
+	 * An up_to_seq above last_seq counts as last_seq (later seqs must stay
+	 * above cleared_to_seq). A tool call whose call message is deleted is
+	 * forgotten, even if its result message stays. message_count,
+	 * token_total and bytes_total drop by what was deleted. A session with
+	 * no non-system message at or below up_to_seq changes nothing and
+	 * answers 0 with the current revision. expected_revision as in
+	 * append. */
 	int (*truncate)(histd_driver *d, const char *tenant, const char *id,
 			uint64_t up_to_seq, uint64_t expected_revision,
 			uint64_t *revision, uint64_t *current_revision);

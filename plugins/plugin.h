@@ -367,6 +367,15 @@ extern const histd_plugin histd_plugin_window;
 extern const histd_plugin histd_plugin_masking;
 extern const histd_plugin histd_plugin_compaction;
 
+/*
+ * Whether a state made by histd_plugin_window's configure has retention =
+ * delete: the host then deletes, after appends and off the request path,
+ * the non-system messages older than where that window starts (see
+ * server/context.h). 0 for NULL. The host finds the window of a pipeline
+ * by comparing histd_pipeline_plugin's answer with &histd_plugin_window.
+ */
+int histd_window_retention_delete(const void *state);
+
 /* Text that starts the summary message of the CONTEXT view. */
 #define HISTD_SUMMARY_PREFIX "[Earlier conversation summary: "
 

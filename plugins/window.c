@@ -19,6 +19,13 @@
  *                                     gemini, mistral); absent: the stored
  *                                     estimates. Costs an unpack of each
  *                                     message the budget walks.
+ *   retention                         view (default): the bounds are a
+ *                                     view, nothing is deleted; delete:
+ *                                     after appends the server deletes
+ *                                     the non-system messages older than
+ *                                     the window's start (server/
+ *                                     context.c). The transform is the
+ *                                     same either way.
  * At least one of max_messages and max_tokens is required.
  */
 #include <stdlib.h>
@@ -32,6 +39,7 @@ struct window {
 	uint64_t max_messages;
 	uint64_t max_tokens;
 	histd_tokens_provider provider;
+	int retention_delete;
 };
 
 static int
@@ -56,6 +64,17 @@ w_configure(const histd_plugin_opt *o, size_t n, void **state, char *err,
 				snprintf(err, cap, "options.provider must be "
 					 "anthropic, openai, gemini, mistral "
 					 "or default");
+				rc = HISTD_EINVALID;
+			}
+		} else if (!strcmp(o[i].key, "retention")) {
+			rc = 0;
+			if (!strcmp(o[i].value, "delete")) {
+				w.retention_delete = 1;
+			} else if (!strcmp(o[i].value, "view")) {
+				w.retention_delete = 0;
+			} else {
+				snprintf(err, cap, "options.retention must be "
+					 "view or delete");
 				rc = HISTD_EINVALID;
 			}
 		} else
@@ -157,6 +176,14 @@ w_transform(void *state, histd_view *v)
 	}
 	v->bounded = 1;
 	return 0;
+}
+
+int
+histd_window_retention_delete(const void *state)
+{
+	const struct window *w = state;
+
+	return w && w->retention_delete;
 }
 
 const histd_plugin histd_plugin_window = {

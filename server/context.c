@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,8 @@
 #define TENANTS_MAX 256
 #define SWEEP_PAGE 500
 #define PIPE_CACHE 256
+#define RETAIN_ATTEMPTS 4      /* retention reads racing writes, per job */
+#define RETAIN_AGAIN_US 20000  /* then the job runs again this much later */
 
 struct pipe_entry {
 	struct pipe_entry *next;
@@ -70,9 +73,10 @@ struct sess {
 	int retries;               /* failed attempts in a row */
 	int64_t not_before;        /* backoff: no attempt before this */
 	int64_t last_append_us;
-	/* Its pipeline has no reducer (nothing to check after an append)
-	 * as of this time; appends skip the worker until NO_REDUCER_TTL_US
-	 * later, or until the session's config may have changed here. */
+	/* Its pipeline has no reducer and no retention (nothing to do after
+	 * an append) as of this time; appends skip the worker until
+	 * NO_REDUCER_TTL_US later, or until the session's config may have
+	 * changed here. */
 	int64_t no_reducer_us;
 	/* The system index, under idx_lock. */
 	pthread_mutex_t idx_lock;
@@ -116,6 +120,9 @@ struct histd_context {
 	struct pipe_entry *pipes;
 	size_t n_pipes;
 
+	/* What this context put in no_truncate_driver (NULL: nothing). */
+	const char *no_truncate;
+
 	pthread_t sweeper;
 	int have_sweeper;
 	pthread_mutex_t sweep_lock;
@@ -126,6 +133,12 @@ struct histd_context {
  * per session at a time. No threads. */
 static histd_context *fallback;
 static pthread_once_t fallback_once = PTHREAD_ONCE_INIT;
+
+/* The name of the driver the server's context serves when that driver
+ * cannot delete old messages (NULL: it can, or no context exists):
+ * histd_context_validate refuses retention = delete then. Process-wide
+ * because validation runs without a context (context.h). */
+static _Atomic(const char *) no_truncate_driver;
 
 static int
 enomem(void)
@@ -328,13 +341,18 @@ index_update(struct sess *s, histd_driver *d, const char *tenant,
 	histd_read_result res = { 0 };
 	int rc = 0;
 
+	/* Rebuilt after a clear, replace or truncate, or when its oldest
+	 * entry is no longer stored. It scans from seq 0: a truncate
+	 * (retention) keeps the system messages at or below cleared_to_seq,
+	 * and a read after 0 starts at the oldest stored message anyway. */
 	if (s->idx_created_us != sr->created_at_us ||
 	    s->idx_cleared != sr->cleared_to_seq ||
-	    s->idx_scanned > sr->last_seq || s->idx_scanned < sr->cleared_to_seq) {
+	    s->idx_scanned > sr->last_seq ||
+	    (s->n_sys && (!sr->first_seq || sr->first_seq > s->sys[0].seq))) {
 		sys_clear(s);
 		s->idx_created_us = sr->created_at_us;
 		s->idx_cleared = sr->cleared_to_seq;
-		s->idx_scanned = sr->cleared_to_seq;
+		s->idx_scanned = 0;
 	}
 	while (s->idx_scanned < upto && !rc) {
 		uint64_t want = upto - s->idx_scanned;
@@ -348,8 +366,12 @@ index_update(struct sess *s, histd_driver *d, const char *tenant,
 			uint32_t flags;
 			int role;
 
-			if (r->seq > upto)
+			if (r->seq > upto) {
+				/* Nothing stored in between (a truncate
+				 * leaves gaps): scanned. */
+				s->idx_scanned = upto;
 				break;
+			}
 			if (histd_message_scan(r->data, r->len, &role, &flags)) {
 				rc = histd_error_set(HISTD_ECORRUPT,
 					"the stored message at seq %" PRIu64
@@ -601,6 +623,76 @@ summary_view(struct sess *s, histd_view *v, const histd_record *rec,
 	return 0;
 }
 
+/*
+ * Fills v as a read of the newest `load` messages (res, of session record
+ * sr) shows them: the system messages older than what was loaded (from the
+ * index, also those at or below cleared_to_seq that retention kept), the
+ * summary message (sv, NULL for none), then the loaded messages not
+ * covered by the summary or a clear (system messages always stay).
+ * *n_older: how many system messages came from the index.
+ */
+static int
+view_fill(struct sess *s, histd_driver *d, const char *tenant,
+	  const histd_session *sr, const histd_read_result *res,
+	  const struct sum_view *sv, uint32_t load, histd_view *v,
+	  size_t *n_older)
+{
+	uint64_t first_loaded = res->records.n ? res->records.v[0].seq :
+						 res->last_seq + 1;
+	uint64_t lower = res->cleared_to_seq;
+	int rc = 0;
+
+	if (sv && sv->sum->covers_to_seq > lower)
+		lower = sv->sum->covers_to_seq;
+	*n_older = 0;
+	v->now_us = histd_now_us();
+	v->summary = sv ? sv->sum : NULL;
+	if (first_loaded > res->cleared_to_seq + 1 ||
+	    (sr->first_seq && sr->first_seq < first_loaded)) {
+		pthread_mutex_lock(&s->idx_lock);
+		rc = index_update(s, d, tenant, sr, first_loaded - 1);
+		for (size_t i = 0; i < s->n_sys && !rc; i++) {
+			struct sys_msg *m = &s->sys[i];
+			uint8_t *copy;
+
+			if (m->seq >= first_loaded)
+				break;
+			if (!(copy = histd_view_alloc(v, m->len ? m->len : 1))) {
+				rc = enomem();
+				break;
+			}
+			memcpy(copy, m->data, m->len);
+			rc = histd_view_push_record(v, m->seq, m->tokens, copy,
+						    m->len);
+			(*n_older)++;
+		}
+		pthread_mutex_unlock(&s->idx_lock);
+		if (rc)
+			return rc;
+	}
+	if (sv) {
+		/* The packed summary message stands as its stored bytes. */
+		if ((rc = histd_view_push_record(v, 0, sv->tokens, sv->msg,
+						 sv->msg_len)))
+			return rc;
+		v->items[v->n - 1].flags = HISTD_ITEM_SUMMARY;
+	}
+	for (size_t i = 0; i < res->records.n; i++) {
+		const histd_record *rec = &res->records.v[i];
+		size_t before = v->n;
+
+		if ((rc = histd_view_push_record(v, rec->seq,
+				rec->token_estimate, rec->data, rec->len)))
+			return rc;
+		/* Covered by the summary: only system messages stay. */
+		if (rec->seq <= lower &&
+		    !(v->items[before].flags & HISTD_ITEM_SYSTEM))
+			v->n--;
+	}
+	v->complete = res->records.n < load || first_loaded <= lower + 1;
+	return 0;
+}
+
 /* One attempt at the view with the newest `load` messages. */
 static int
 context_once(histd_context *x, histd_driver *d, const char *tenant,
@@ -616,8 +708,8 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	histd_pipeline *p = NULL, *extra = NULL;
 	histd_view *v = NULL;
 	struct sess *s = NULL;
-	uint64_t lower, first_loaded;
-	int rc, locked = 0, owned = 0;
+	size_t n_older;
+	int rc, owned = 0;
 
 	if ((rc = histd_driver_read(d, &q, &res)))
 		return rc;
@@ -625,7 +717,6 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 		goto out;
 	if ((rc = histd_driver_summary_get(d, tenant, r->session_id, &sumrec)))
 		goto out;
-	first_loaded = res.records.n ? res.records.v[0].seq : res.last_seq + 1;
 	if (!(v = histd_view_new())) {
 		rc = enomem();
 		goto out;
@@ -652,59 +743,9 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 		sum = NULL;
 		sumrec = NULL;
 	}
-	lower = res.cleared_to_seq;
-	if (sum && sum->covers_to_seq > lower)
-		lower = sum->covers_to_seq;
-
-	v->now_us = histd_now_us();
-	v->summary = sum;
-
-	/* System messages older than what was loaded, from the index. */
-	if (first_loaded > res.cleared_to_seq + 1) {
-		pthread_mutex_lock(&s->idx_lock);
-		locked = 1;
-		if ((rc = index_update(s, d, tenant, res.session,
-				       first_loaded - 1)))
-			goto out;
-		for (size_t i = 0; i < s->n_sys && !rc; i++) {
-			struct sys_msg *m = &s->sys[i];
-			uint8_t *copy;
-
-			if (m->seq >= first_loaded)
-				break;
-			if (!(copy = histd_view_alloc(v, m->len ? m->len : 1))) {
-				rc = enomem();
-				break;
-			}
-			memcpy(copy, m->data, m->len);
-			rc = histd_view_push_record(v, m->seq, m->tokens, copy,
-						    m->len);
-		}
-		pthread_mutex_unlock(&s->idx_lock);
-		locked = 0;
-		if (rc)
-			goto out;
-	}
-	if (sum) {
-		/* The packed summary message stands as its stored bytes. */
-		if ((rc = histd_view_push_record(v, 0, sv->tokens, sv->msg,
-						 sv->msg_len)))
-			goto out;
-		v->items[v->n - 1].flags = HISTD_ITEM_SUMMARY;
-	}
-	for (size_t i = 0; i < res.records.n; i++) {
-		const histd_record *rec = &res.records.v[i];
-		size_t before = v->n;
-
-		if ((rc = histd_view_push_record(v, rec->seq,
-				rec->token_estimate, rec->data, rec->len)))
-			goto out;
-		/* Covered by the summary: only system messages stay. */
-		if (rec->seq <= lower &&
-		    !(v->items[before].flags & HISTD_ITEM_SYSTEM))
-			v->n--;
-	}
-	v->complete = res.records.n < load || first_loaded <= lower + 1;
+	if ((rc = view_fill(s, d, tenant, res.session, &res, sum ? sv : NULL,
+			     load, v, &n_older)))
+		goto out;
 
 	rc = histd_pipeline_transform(p, v);
 	if (rc == HISTD_PLUGIN_MORE) {
@@ -724,8 +765,6 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 		goto out;
 	rc = view_pack(v, sum ? sumrec : NULL, res.revision, out, len);
 out:
-	if (locked)
-		pthread_mutex_unlock(&s->idx_lock);
 	histd_view_free(v);
 	if (owned)
 		histd_pipeline_free(p);
@@ -787,10 +826,65 @@ histd_context_get_messages(histd_context *x, histd_driver *d,
 	}
 }
 
+/* The first window of p with retention = delete, or -1. */
+static int
+retention_window(const histd_pipeline *p)
+{
+	for (size_t i = 0; i < histd_pipeline_len(p); i++) {
+		void *state = NULL;
+		const histd_plugin *pl = histd_pipeline_plugin(p, i, &state);
+
+		if (pl == &histd_plugin_window &&
+		    histd_window_retention_delete(state))
+			return (int)i;
+	}
+	return -1;
+}
+
+/* Whether d can delete old messages (truncate, driver version 3). */
+static int
+can_truncate(const histd_driver *d)
+{
+	return d->version >= 3 && d->truncate != NULL;
+}
+
+/* `code` naming the plugin when p (the pipeline of config `field`, or the
+ * default pipeline with field NULL) asks for retention = delete and the
+ * driver `name` cannot delete old messages; else 0. */
+static int
+check_retention(const histd_pipeline *p, const char *field,
+		const char *name, int code)
+{
+	int wi = retention_window(p);
+
+	if (wi < 0 || !name)
+		return 0;
+	if (!field)
+		return histd_error_set(code,
+			"default-pipeline: plugin %d (window) has retention="
+			"delete, which needs a storage driver that can delete "
+			"old messages; the %s driver cannot", wi + 1, name);
+	return histd_error_set(code,
+		"%s.pipeline.plugins[%d].options.retention: delete needs a "
+		"storage driver that can delete old messages; the %s driver "
+		"cannot", field, wi, name);
+}
+
 int
 histd_context_validate(const Histd__V1__SessionConfig *c, const char *field)
 {
-	return histd_pipeline_validate(c, field);
+	const char *name = atomic_load(&no_truncate_driver);
+	histd_pipeline *p = NULL;
+	int rc;
+
+	if ((rc = histd_pipeline_validate(c, field)) || !name || !c ||
+	    !c->pipeline)
+		return rc;
+	if ((rc = histd_pipeline_build(c, field, NULL, &p)))
+		return rc;
+	rc = check_retention(p, field, name, HISTD_EPRECONDITION);
+	histd_pipeline_free(p);
+	return rc;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1033,22 +1127,26 @@ out:
 	return rc;
 }
 
-/* Reports a failed compaction to the sink: one line, no content. */
+/* Reports a failed compaction or retention (what) to the sink: one line,
+ * no content. */
 static void
-report(histd_context *x, histd_driver *d, const char *tenant,
-       const char *id, const char *plugin, int rc, int will_retry)
+report_what(histd_context *x, histd_driver *d, const char *tenant,
+	    const char *id, const char *what, const char *plugin, int rc,
+	    int will_retry)
 {
 	histd_session *sr = NULL;
 	histd_plugin_error_fn fn;
 	void *arg;
-	char msg[320];
+	char msg[320], line[64];
 
-	snprintf(msg, sizeof(msg), "compaction failed (%s): %s",
+	snprintf(msg, sizeof(msg), "%s failed (%s): %s", what,
 		 histd_error_name(rc), histd_error_message());
-	histd_metrics_counter_add("histd_compactions_total",
-				  "Compactions by result.", "result=\"failed\"",
-				  1);
-	histd_log(HISTD_LOG_WARN, "compaction failed", "session", id,
+	snprintf(line, sizeof(line), "%s failed", what);
+	if (!strcmp(what, "compaction"))
+		histd_metrics_counter_add("histd_compactions_total",
+					  "Compactions by result.",
+					  "result=\"failed\"", 1);
+	histd_log(HISTD_LOG_WARN, line, "session", id,
 		  "plugin", plugin, "error", msg, NULL);
 	pthread_mutex_lock(&x->lock);
 	fn = x->sink;
@@ -1061,6 +1159,13 @@ report(histd_context *x, histd_driver *d, const char *tenant,
 		return;
 	fn(arg, tenant, id, sr->revision, plugin, msg, will_retry);
 	histd_session_free(sr);
+}
+
+static void
+report(histd_context *x, histd_driver *d, const char *tenant,
+       const char *id, const char *plugin, int rc, int will_retry)
+{
+	report_what(x, d, tenant, id, "compaction", plugin, rc, will_retry);
 }
 
 /* Marks the session busy, waiting for a running compaction. */
@@ -1211,7 +1316,9 @@ covered_tokens(histd_context *x, struct sess *s, histd_driver *d,
 		*out = s->cov_tokens;
 		return 0;
 	}
-	q.after_seq = sr->cleared_to_seq;
+	/* From the oldest stored message: system messages retention kept at
+	 * or below cleared_to_seq are covered too. */
+	q.after_seq = 0;
 	while (q.after_seq < to) {
 		q.limit = 4096;
 		if ((rc = histd_driver_read(d, &q, &res)))
@@ -1236,9 +1343,10 @@ covered_tokens(histd_context *x, struct sess *s, histd_driver *d,
 	return 0;
 }
 
-/* Whether the session's pipeline asks for a compaction now. */
+/* Whether the session's pipeline asks for a compaction now (*want), and
+ * whether it has a window with retention = delete (*retain). */
 static int
-wants_reduce(histd_context *x, struct sess *s, int *want)
+wants_reduce(histd_context *x, struct sess *s, int *want, int *retain)
 {
 	histd_session *sr = NULL;
 	histd_pipeline *p = NULL;
@@ -1251,15 +1359,20 @@ wants_reduce(histd_context *x, struct sess *s, int *want)
 	int rc, owned = 0;
 
 	*want = 0;
+	*retain = 0;
 	if ((rc = histd_driver_session_get(s->d, s->tenant, s->id, &sr)))
 		return rc;
 	if ((rc = session_pipeline(x, sr, &p, &owned)))
 		goto out;
+	*retain = retention_window(p) >= 0;
 	if (histd_pipeline_reducer(p) < 0) {
-		/* No compaction, no auto_reduce_when: remember it. */
-		pthread_mutex_lock(&x->lock);
-		s->no_reducer_us = histd_now_us();
-		pthread_mutex_unlock(&x->lock);
+		/* No compaction, no auto_reduce_when, no retention: remember
+		 * it. */
+		if (!*retain) {
+			pthread_mutex_lock(&x->lock);
+			s->no_reducer_us = histd_now_us();
+			pthread_mutex_unlock(&x->lock);
+		}
 		goto out;
 	}
 	if ((rc = histd_driver_summary_get(s->d, s->tenant, s->id, &sumrec)))
@@ -1301,6 +1414,175 @@ out:
 	if (sum)
 		histd__v1__summary__free_unpacked(sum, NULL);
 	histd_record_free(sumrec);
+	if (owned)
+		histd_pipeline_free(p);
+	histd_session_free(sr);
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Retention                                                               */
+
+/*
+ * What retention deletes now, for the session record sr that p (whose
+ * window wi has retention = delete) was built from: *up_to is the seq to
+ * truncate to, 0 when nothing would go.
+ *
+ * The window's start is the seq of the first non-system message it keeps
+ * in a view built from the RAW tail as the CONTEXT view builds its own
+ * (the system messages, the summary message, the newest `load` messages
+ * after the summary), with the transforms of p up to the window run on it
+ * in order, as they run for the CONTEXT view: so the start is that view's.
+ * up_to is start - 1, at most the summary's covers_to_seq - 1 so that the
+ * summary stays; 0 when the window keeps no message (the newest stays,
+ * whatever its size) or when only system messages are stored at or below.
+ * Everything is read at one instant, sr's revision: ECONFLICT when a write
+ * came in between. HISTD_PLUGIN_MORE: load more.
+ */
+static int
+window_cut(struct sess *s, const histd_session *sr, const histd_pipeline *p,
+	   size_t wi, uint32_t load, uint64_t *up_to)
+{
+	histd_read q = { .tenant = s->tenant, .session_id = s->id,
+			 .last_n = load };
+	histd_read_result res = { 0 };
+	histd_record *sumrec = NULL;
+	const Histd__V1__Summary *sum = NULL;
+	struct sum_view *sv = NULL;
+	histd_view *v = NULL;
+	uint64_t first_loaded, start = 0, cut;
+	size_t older_sys = 0;
+	int rc;
+
+	*up_to = 0;
+	if ((rc = histd_driver_summary_get(s->d, s->tenant, s->id, &sumrec)) ||
+	    (rc = histd_driver_read(s->d, &q, &res)))
+		goto out;
+	if (res.revision != sr->revision) {
+		rc = histd_error_set(HISTD_ECONFLICT,
+				     "the session changed during retention");
+		goto out;
+	}
+	if (!(v = histd_view_new())) {
+		rc = enomem();
+		goto out;
+	}
+	if (sumrec) {
+		if ((rc = summary_view(s, v, sumrec, &sv)))
+			goto out;
+		/* One from before a clear or replace covers nothing left. */
+		if (sv->sum->covers_to_seq > res.cleared_to_seq)
+			sum = sv->sum;
+	}
+	if ((rc = view_fill(s, s->d, s->tenant, sr, &res, sum ? sv : NULL,
+			     load, v, &older_sys)))
+		goto out;
+	first_loaded = res.records.n ? res.records.v[0].seq : res.last_seq + 1;
+
+	/* The transforms before the window change what it measures (masked
+	 * results cost fewer tokens); those after it do not move its start,
+	 * and neither does the fix-up. */
+	for (size_t i = 0; i <= wi; i++) {
+		void *state = NULL;
+		const histd_plugin *pl = histd_pipeline_plugin(p, i, &state);
+
+		if (!pl->transform)
+			continue;
+		rc = pl->transform(state, v);
+		if (rc == HISTD_PLUGIN_MORE && v->complete)
+			rc = 0;     /* nothing older exists */
+		if (rc)
+			goto out;
+	}
+	for (size_t i = 0; i < v->n; i++)
+		if (!(v->items[i].flags &
+		      (HISTD_ITEM_SYSTEM | HISTD_ITEM_SUMMARY))) {
+			start = v->items[i].seq;
+			break;
+		}
+	if (!start)
+		goto out;
+	cut = start - 1;
+	if (sum && cut >= sum->covers_to_seq)
+		cut = sum->covers_to_seq - 1;
+	/* Only when a non-system message is stored at or below the cut: one
+	 * loaded, or one older than what was loaded (the stored messages
+	 * older than the load are more than the system ones among them). */
+	for (size_t i = 0; i < res.records.n; i++) {
+		const histd_record *rec = &res.records.v[i];
+		uint32_t flags;
+		int role;
+
+		if (rec->seq > cut)
+			break;
+		if (histd_message_scan(rec->data, rec->len, &role, &flags) ||
+		    role != HISTD__V1__ROLE__ROLE_SYSTEM) {
+			*up_to = cut;
+			goto out;
+		}
+	}
+	if (first_loaded > 1 && cut >= first_loaded - 1 &&
+	    sr->message_count > res.records.n + older_sys)
+		*up_to = cut;
+	else if (cut && cut < first_loaded - 1 && cut > sr->cleared_to_seq &&
+		 sr->first_seq && sr->first_seq <= cut)
+		*up_to = cut;   /* not all read: the driver decides */
+out:
+	histd_view_free(v);
+	if (sv)
+		sum_view_release(s, sv);
+	histd_record_free(sumrec);
+	histd_read_result_clear(&res);
+	return rc;
+}
+
+/*
+ * Retention after appends (context.h): deletes with truncate the
+ * non-system messages older than where the session's retention window
+ * starts, never the newest summary's covers_to_seq or above, and only when
+ * that deletes something. It truncates at the revision it read, so an
+ * append, clear or summary in between makes it read again (up to
+ * RETAIN_ATTEMPTS times, then *again = 1: the worker runs it later),
+ * never delete what it did not see. Worker only, with s busy.
+ */
+static int
+retain(histd_context *x, struct sess *s, int *again)
+{
+	histd_session *sr = NULL;
+	histd_pipeline *p = NULL;
+	uint64_t up_to = 0, rev = 0, cur = 0;
+	uint32_t load = FIRST_LOAD;
+	int rc = 0, owned = 0, wi;
+
+	*again = 0;
+	for (int attempt = 0; attempt < RETAIN_ATTEMPTS; attempt++) {
+		if (owned)
+			histd_pipeline_free(p);
+		p = NULL;
+		owned = 0;
+		histd_session_free(sr);
+		sr = NULL;
+		if ((rc = histd_driver_session_get(s->d, s->tenant, s->id, &sr)) ||
+		    (rc = session_pipeline(x, sr, &p, &owned)))
+			goto out;
+		if ((wi = retention_window(p)) < 0)
+			goto out;       /* the config changed meanwhile */
+		while ((rc = window_cut(s, sr, p, (size_t)wi, load,
+					&up_to)) == HISTD_PLUGIN_MORE)
+			load = load > UINT32_MAX / 8 ? UINT32_MAX : load * 8;
+		if (rc == HISTD_ECONFLICT)
+			continue;
+		if (rc || !up_to)
+			goto out;
+		rc = histd_driver_truncate(s->d, s->tenant, s->id, up_to,
+					   sr->revision, &rev, &cur);
+		if (rc != HISTD_ECONFLICT)
+			goto out;
+	}
+	/* Still racing writes: later, rather than now. */
+	rc = 0;
+	*again = 1;
+out:
 	if (owned)
 		histd_pipeline_free(p);
 	histd_session_free(sr);
@@ -1354,10 +1636,10 @@ worker_main(void *arg)
 	while (!x->stop) {
 		int64_t wait_us, now = histd_now_us();
 		struct sess *s = next_due(x, now, &wait_us);
-		const char *plugin = "compaction";
+		const char *plugin = "compaction", *what = "compaction";
 		struct bounds bd = { 0 };
 		uint64_t rev = 0;
-		int want = 0, rc, retries;
+		int want = 0, keep = 0, soon = 0, rc, retries;
 
 		if (!s) {
 			if (wait_us < 0) {
@@ -1380,14 +1662,24 @@ worker_main(void *arg)
 		retries = s->retries;
 		pthread_mutex_unlock(&x->lock);
 
-		rc = wants_reduce(x, s, &want);
+		rc = wants_reduce(x, s, &want, &keep);
 		if (!rc && want)
 			rc = compact(x, s->d, s->tenant, s->id, &bd, NULL, &rev,
 				     &plugin);
+		/* Retention after compaction, so that what is due for a
+		 * summary gets one first; a failed compaction keeps the
+		 * messages until a later job succeeds. */
+		if (!rc && keep) {
+			plugin = "window";
+			what = "retention";
+			rc = retain(x, s, &soon);
+		}
 
 		pthread_mutex_lock(&x->lock);
 		s->busy = 0;
 		x->running--;
+		if (soon && !s->queued)
+			enqueue(x, s, histd_now_us() + RETAIN_AGAIN_US);
 		if (rc == HISTD_ENOTFOUND) {
 			s->retries = 0;     /* the session is gone */
 			s->not_before = 0;
@@ -1414,7 +1706,8 @@ worker_main(void *arg)
 				enqueue(x, s, s->not_before);
 			}
 			pthread_mutex_unlock(&x->lock);
-			report(x, s->d, tenant, id, plugin, rc, again);
+			report_what(x, s->d, tenant, id, what, plugin, rc,
+				    again);
 			pthread_mutex_lock(&x->lock);
 		} else {
 			s->retries = 0;
@@ -1623,6 +1916,15 @@ histd_context_new(histd_context **out, histd_driver *d,
 		histd_context_free(x);
 		return rc;
 	}
+	if (!can_truncate(d) &&
+	    (rc = check_retention(x->def, NULL, d->name, HISTD_EINVALID))) {
+		histd_context_free(x);
+		return rc;
+	}
+	if (!can_truncate(d)) {
+		x->no_truncate = d->name;
+		atomic_store(&no_truncate_driver, d->name);
+	}
 	x->threads = calloc((size_t)x->cfg.workers, sizeof(pthread_t));
 	if (!x->threads) {
 		histd_context_free(x);
@@ -1663,6 +1965,11 @@ histd_context_free(histd_context *x)
 {
 	if (!x)
 		return;
+	if (x->no_truncate) {
+		const char *name = x->no_truncate;
+
+		atomic_compare_exchange_strong(&no_truncate_driver, &name, NULL);
+	}
 	pthread_mutex_lock(&x->lock);
 	x->stop = 1;
 	pthread_cond_broadcast(&x->work);

@@ -43,6 +43,20 @@
  * and is retried with exponential backoff (retry_base, doubling, at most
  * 60 s) up to max_retries times.
  *
+ * Retention. A pipeline whose window has retention = delete makes the
+ * same worker, after an append and after the compaction check (a
+ * compaction due and failing skips it: what is due for a summary gets one
+ * first), delete with truncate (driver version 3) the non-system messages
+ * older than where that window starts in the CONTEXT view: the view is
+ * built from the RAW tail as for a read and the pipeline's transforms up
+ * to that window run on it. Never the newest summary's covers_to_seq or
+ * above (the summary stays), nothing when the window keeps no message, no
+ * truncate when only system messages would go. It truncates at the
+ * revision it read: a write in between makes it read again, then retry
+ * shortly after. A failure is reported and retried like a compaction's,
+ * with plugin "window". The CONTEXT view and the system index find the
+ * system messages a truncate kept at or below cleared_to_seq.
+ *
  * TTL. With session_ttl set, a sweeper deletes every session idle for
  * longer: no change to it (updated_at, its newest message's created_at,
  * appends seen by this process) for session_ttl. It deletes at the
@@ -88,8 +102,11 @@ typedef void (*histd_plugin_error_fn)(void *arg, const char *tenant,
 typedef struct histd_context histd_context;
 
 /* Loads the plugin shared objects, parses the default pipeline (EINVALID
- * naming what is wrong), starts the workers and the sweeper. The driver is
- * borrowed and must outlive the context. */
+ * naming what is wrong, also a window with retention = delete when the
+ * driver cannot delete old messages), starts the workers and the sweeper.
+ * The driver is borrowed and must outlive the context. It also tells
+ * histd_context_validate, process-wide, whether the driver can delete old
+ * messages (until this context is freed). */
 int histd_context_new(histd_context **out, histd_driver *d,
 		      const histd_context_config *cfg);
 
@@ -106,7 +123,11 @@ void histd_context_free(histd_context *x);
 /* (one per session at a time), after_append does nothing.                 */
 
 /* CreateSession/UpdateSession: EINVALID for an unknown plugin or a bad
- * option, naming the field path ("config.pipeline.plugins[1].options...").
+ * option, naming the field path ("config.pipeline.plugins[1].options...");
+ * EPRECONDITION (FAILED_PRECONDITION) for a window with retention =
+ * delete when the driver of the server's context cannot delete old
+ * messages ("config.pipeline.plugins[1].options.retention: delete needs a
+ * storage driver that can delete old messages; the X driver cannot").
  */
 int histd_context_validate(const Histd__V1__SessionConfig *c,
 			   const char *field);

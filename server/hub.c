@@ -152,8 +152,8 @@ us_split(int64_t us, int64_t *sec, int32_t *nanos)
 
 /*
  * What goes inside the event's oneof field: each record as field 1 (the
- * repeated messages, or the one summary or session), then an optional
- * varint field (cleared_to_seq).
+ * repeated messages, or the one summary or session), then up to two
+ * optional varint fields (cleared_to_seq; system_kept).
  */
 struct ev_body {
 	uint32_t field;               /* EV_APPENDED .. EV_UPDATED */
@@ -161,6 +161,8 @@ struct ev_body {
 	size_t n_recs;
 	uint32_t num_field;           /* 0: none */
 	uint64_t num;
+	uint32_t num2_field;          /* 0: none */
+	uint64_t num2;
 };
 
 static histd_event *
@@ -182,6 +184,8 @@ event_build(const char *session_id, uint64_t revision,
 		inner += len_field_size(1, b->recs[i].len);
 	if (b->num_field)
 		inner += varint_field_size(b->num_field, b->num);
+	if (b->num2_field)
+		inner += varint_field_size(b->num2_field, b->num2);
 	total = (sid_len ? len_field_size(EV_SESSION_ID, sid_len) : 0) +
 		varint_field_size(EV_REVISION, revision) +
 		len_field_size(EV_TIME, ts_len) +
@@ -215,6 +219,8 @@ event_build(const char *session_id, uint64_t revision,
 	}
 	if (b->num_field)
 		p += put_varint_field(p, b->num_field, b->num);
+	if (b->num2_field)
+		p += put_varint_field(p, b->num2_field, b->num2);
 	assert(p == ev->data + total);
 	return ev;
 }
@@ -420,6 +426,9 @@ histd_event_from_change(const histd_change *c)
 		b.field = EV_CLEARED;
 		b.num_field = 1;
 		b.num = c->cleared_to_seq;
+		/* SessionCleared.system_kept: a truncate kept them. */
+		b.num2_field = 2;
+		b.num2 = c->system_kept ? 1 : 0;
 		return event_build(sid, c->revision, c->kind,
 				   c->cleared_to_seq, &b);
 	case HISTD_CHANGE_REPLACED:

@@ -240,6 +240,14 @@ histd_subscribe_begin(struct histd_call *c)
 	q.after_seq = req->after_seq;
 	q.limit = s->cfg->replay_max + 1;
 	rc = histd_driver_read(histd_service_driver(s->svc), &q, &res);
+	/* Cleared after after_seq: the replay is one Replaced event holding
+	 * every stored message, also the system messages at or below
+	 * after_seq that a truncate (retention) kept. */
+	if (rc == 0 && res.cleared_to_seq > q.after_seq && q.after_seq > 0) {
+		histd_read_result_clear(&res);
+		q.after_seq = 0;
+		rc = histd_driver_read(histd_service_driver(s->svc), &q, &res);
+	}
 	if (rc == 0 && res.records.n > s->cfg->replay_max)
 		rc = histd_error_set(HISTD_ELIMIT, "replay of more than %" PRIu32
 				     " messages; read them with GetMessages and "
@@ -249,7 +257,8 @@ histd_subscribe_begin(struct histd_call *c)
 	if (rc == 0)
 		rc = histd_event_replay(req->session_id, res.revision,
 					&res.records,
-					res.cleared_to_seq > req->after_seq,
+					res.cleared_to_seq > req->after_seq ||
+					q.after_seq < req->after_seq,
 					res.cleared_to_seq, REPLAY_CHUNK,
 					&replay, &n_replay);
 	histd_read_result_clear(&res);

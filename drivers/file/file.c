@@ -1011,7 +1011,7 @@ fd_truncate(histd_driver *dd, const char *tenant, const char *id,
 		return settle_missing(d, not_found());
 	if ((rc = hf_check_revision(s, expected_revision, current_revision)))
 		return settle(d, s->lsn, rc);
-	if (!s->n_msgs || s->msgs[0].seq > up_to_seq) {
+	if (!hf_truncate_deletes(s, up_to_seq)) {
 		*revision = s->revision;
 		return settle(d, s->lsn, 0);
 	}
@@ -1043,8 +1043,10 @@ fd_truncate(histd_driver *dd, const char *tenant, const char *id,
 	 * the session and reads what is left again. */
 	hf_index_forget(s);
 	hf_index_sync(s);
-	if (nt)
+	if (nt) {
 		nt->cleared_to_seq = up_to_seq;
+		nt->system_kept = 1;
+	}
 	hf_session_account(d, s);
 	*revision = s->revision;
 	return commit(d, s, NULL, 0);

@@ -348,10 +348,18 @@ void hf_batch_free(hf_driver *d, hf_batch *b);
 
 /* Drops messages, summaries and the tool index; +1 revision. */
 void hf_apply_clear(hf_driver *d, hf_session *s);
-/* Deletes the messages with seq <= up_to (up_to <= last_seq, at least one
- * such message stored), their vectors, the tool calls they issued and the
- * summaries with covers_to_seq <= up_to; cleared_to_seq = max(it, up_to);
- * +1 revision. victims: room for s->tools.n pointers, scratch. */
+/* Whether a stored message is a system message (the role read from its
+ * bytes; one that does not parse is not). Truncate keeps those. */
+int hf_is_system(const histd_record *r);
+/* Whether truncate up to up_to would delete something: a non-system
+ * message stored at or below it. */
+int hf_truncate_deletes(const hf_session *s, uint64_t up_to);
+/* Deletes the non-system messages with seq <= up_to (up_to <= last_seq,
+ * hf_truncate_deletes true), their vectors, the tool calls they issued and
+ * the summaries with covers_to_seq <= up_to; system messages stay;
+ * cleared_to_seq = max(it, up_to); +1 revision. victims: room for
+ * s->tools.n pointers, scratch. Live calls and replay both use it, so a
+ * restart gives the same state. */
 void hf_apply_truncate(hf_driver *d, hf_session *s, uint64_t up_to,
 		       void **victims);
 /* Stores r (its bytes now the session's; room reserved); +1 revision. */
@@ -381,6 +389,7 @@ typedef struct hf_note {
 	enum histd_change_kind kind;
 	char *tenant, *id;
 	uint64_t revision, cleared_to_seq;
+	int system_kept;        /* CLEARED by truncate */
 	histd_record *recs;
 	size_t n;
 	histd_session *session;

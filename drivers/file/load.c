@@ -422,8 +422,9 @@ do_truncate(replay *r, hf_rd *rd)
 
 	if (rd->bad || rd->p != rd->end)
 		return corrupt(r, "does not decode");
+	/* Written only when it deleted something: replay must too. */
 	if (!s || rev != s->revision + 1 || up_to > s->last_seq ||
-	    !s->n_msgs || s->msgs[0].seq > up_to)
+	    !hf_truncate_deletes(s, up_to))
 		return corrupt(r, "does not follow its session's state");
 	if (!(victims = malloc((s->tools.n ? s->tools.n : 1) * sizeof(*victims))))
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
@@ -546,13 +547,16 @@ snap_msg(replay *r, hf_rd *rd, int summary)
 	if (rd->bad || tok > UINT32_MAX || len != (uint64_t)(rd->end - rd->p) ||
 	    (!summary && (!len || rec.seq == 0)))
 		return corrupt(r, "does not decode");
-	/* Every seq up to cleared_to_seq is gone: none may come back. */
 	if (!s || (!summary && (rec.seq > s->last_seq ||
-				rec.seq <= s->cleared_to_seq ||
 				(s->n_msgs && rec.seq <= s->msgs[s->n_msgs - 1].seq))))
 		return corrupt(r, "does not fit the snapshot's session");
 	rec.token_estimate = (uint32_t)tok;
 	rec.len = (uint32_t)len;
+	/* Every seq up to cleared_to_seq is gone but the system messages a
+	 * truncate kept: nothing else may come back. */
+	rec.data = (uint8_t *)(uintptr_t)rd->p;
+	if (!summary && rec.seq <= s->cleared_to_seq && !hf_is_system(&rec))
+		return corrupt(r, "does not fit the snapshot's session");
 	if (summary ? hf_sums_reserve(s, s->n_sums + 1)
 		    : hf_msgs_reserve(s, s->n_msgs + 1))
 		return histd_error_set(HISTD_ENOMEM, "out of memory");

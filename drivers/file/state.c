@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "histd/v1/histd.pb-c.h"
 #include "histd_wire.h"
 #include "internal.h"
 
@@ -645,24 +646,54 @@ hf_apply_clear(hf_driver *d, hf_session *s)
 	s->revision++;
 }
 
+int
+hf_is_system(const histd_record *r)
+{
+	return histd_index_message_role(r->data, r->len) ==
+	       HISTD__V1__ROLE__ROLE_SYSTEM;
+}
+
+int
+hf_truncate_deletes(const hf_session *s, uint64_t up_to)
+{
+	for (size_t i = 0; i < s->n_msgs && s->msgs[i].seq <= up_to; i++)
+		if (!hf_is_system(&s->msgs[i]))
+			return 1;
+	return 0;
+}
+
+/* Whether a message with this seq (>= 1) is stored. */
+static int
+stored(const hf_session *s, uint64_t seq)
+{
+	size_t i = hf_first_after(s->msgs, s->n_msgs, seq - 1);
+
+	return i < s->n_msgs && s->msgs[i].seq == seq;
+}
+
 void
 hf_apply_truncate(hf_driver *d, hf_session *s, uint64_t up_to, void **victims)
 {
 	size_t k = hf_first_after(s->msgs, s->n_msgs, up_to), w = 0, nv = 0;
 
 	for (size_t i = 0; i < k; i++) {
+		if (hf_is_system(&s->msgs[i])) {
+			s->msgs[w++] = s->msgs[i];
+			continue;
+		}
 		s->token_total -= s->msgs[i].token_estimate;
 		s->bytes_total -= s->msgs[i].len;
 		hf_free_data(d, s->msgs[i].data, s->msgs[i].len);
 	}
-	memmove(s->msgs, s->msgs + k, (s->n_msgs - k) * sizeof(*s->msgs));
-	s->n_msgs -= k;
+	memmove(s->msgs + w, s->msgs + k, (s->n_msgs - k) * sizeof(*s->msgs));
+	s->n_msgs -= k - w;
 
 	s->vec_bytes = 0;
+	w = 0;
 	for (size_t i = 0; i < s->vecs.n; i++) {
 		histd_vec *x = s->vecs.v[i];
 
-		if (x->seq <= up_to) {
+		if (x->seq <= up_to && !stored(s, x->seq)) {
 			free(x);
 			continue;
 		}
@@ -676,7 +707,7 @@ hf_apply_truncate(hf_driver *d, hf_session *s, uint64_t up_to, void **victims)
 	for (size_t i = 0; s->tools.s && i <= s->tools.mask; i++) {
 		hf_tool *t = s->tools.s[i].v;
 
-		if (t && t->call_seq <= up_to)
+		if (t && t->call_seq <= up_to && !stored(s, t->call_seq))
 			victims[nv++] = t;
 	}
 	for (size_t i = 0; i < nv; i++) {

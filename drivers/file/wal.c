@@ -139,6 +139,7 @@ deliver(hf_wal *w, const hf_buf *b, hf_note *notes, size_t n)
 			.session_id = nt->id,
 			.revision = nt->revision,
 			.cleared_to_seq = nt->cleared_to_seq,
+			.system_kept = nt->system_kept,
 			.records = nt->recs,
 			.n_records = nt->n,
 			.session = nt->session,

@@ -33,6 +33,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "histd/v1/histd.pb-c.h"
 #include "histd_wire.h"
 #include "index/index.h"
 
@@ -1820,25 +1821,57 @@ out:
 	return rc;
 }
 
-/* Drops the messages with seq <= up_to, their vectors, the tool calls
- * they issued, and the summaries covering only them. Cannot fail. */
-static void
-drop_prefix(mem_session *s, uint64_t up_to, mem_tool **victims)
+/* Whether a stored message is a system message (truncate keeps those). A
+ * message that does not parse is not one: truncate deletes it. */
+static int
+is_system(const histd_record *r)
 {
-	size_t nv = 0;
+	return histd_index_message_role(r->data, r->len) ==
+	       HISTD__V1__ROLE__ROLE_SYSTEM;
+}
 
-	size_t k = first_after(s->msgs, s->n_msgs, up_to), w = 0;
+/* Whether a non-system message is stored at or below up_to. */
+static int
+deletes_something(const mem_session *s, uint64_t up_to)
+{
+	for (size_t i = 0; i < s->n_msgs && s->msgs[i].seq <= up_to; i++)
+		if (!is_system(&s->msgs[i]))
+			return 1;
+	return 0;
+}
+
+/* Whether a message with this seq is still stored. */
+static int
+stored(const mem_session *s, uint64_t seq)
+{
+	size_t i = first_after(s->msgs, s->n_msgs, seq - 1);
+
+	return i < s->n_msgs && s->msgs[i].seq == seq;
+}
+
+/* Drops the non-system messages with seq <= up_to, their vectors, the
+ * tool calls they issued, and the summaries with covers_to_seq <= up_to.
+ * System messages stay where they are. Cannot fail. */
+static void
+drop_up_to(mem_session *s, uint64_t up_to, mem_tool **victims)
+{
+	size_t k = first_after(s->msgs, s->n_msgs, up_to), w = 0, nv = 0;
 
 	for (size_t i = 0; i < k; i++) {
+		if (is_system(&s->msgs[i])) {
+			s->msgs[w++] = s->msgs[i];
+			continue;
+		}
 		s->token_total -= s->msgs[i].token_estimate;
 		s->bytes_total -= s->msgs[i].len;
 		free(s->msgs[i].data);
 	}
-	memmove(s->msgs, s->msgs + k, (s->n_msgs - k) * sizeof(*s->msgs));
-	s->n_msgs -= k;
+	memmove(s->msgs + w, s->msgs + k, (s->n_msgs - k) * sizeof(*s->msgs));
+	s->n_msgs -= k - w;
 
+	w = 0;
 	for (size_t i = 0; i < s->vecs.n; i++) {
-		if (s->vecs.v[i]->seq <= up_to)
+		if (s->vecs.v[i]->seq <= up_to && !stored(s, s->vecs.v[i]->seq))
 			free(s->vecs.v[i]);
 		else
 			s->vecs.v[w++] = s->vecs.v[i];
@@ -1850,7 +1883,7 @@ drop_prefix(mem_session *s, uint64_t up_to, mem_tool **victims)
 	for (size_t i = 0; s->tools.slots && i <= s->tools.mask; i++) {
 		mem_tool *t = s->tools.slots[i].v;
 
-		if (t && t->call_seq <= up_to)
+		if (t && t->call_seq <= up_to && !stored(s, t->call_seq))
 			victims[nv++] = t;
 	}
 	for (size_t i = 0; i < nv; i++) {
@@ -1887,7 +1920,7 @@ mem_truncate(histd_driver *d, const char *tenant, const char *id,
 		return rc;
 	if ((rc = check_revision(s, expected_revision, current_revision)))
 		goto out;
-	if (!s->n_msgs || s->msgs[0].seq > up_to_seq) {
+	if (!deletes_something(s, up_to_seq)) {
 		*revision = s->revision;
 		goto out;
 	}
@@ -1898,7 +1931,7 @@ mem_truncate(histd_driver *d, const char *tenant, const char *id,
 		rc = enomem();
 		goto out;
 	}
-	drop_prefix(s, up_to_seq, victims);
+	drop_up_to(s, up_to_seq, victims);
 	if (up_to_seq > s->cleared_to_seq)
 		s->cleared_to_seq = up_to_seq;
 	s->revision++;
@@ -1917,6 +1950,7 @@ mem_truncate(histd_driver *d, const char *tenant, const char *id,
 			.session_id = s->id,
 			.revision = s->revision,
 			.cleared_to_seq = up_to_seq,
+			.system_kept = 1,
 		};
 
 		m->notify(m->notify_ctx, &c);

@@ -36,6 +36,7 @@
 
 #define USER HISTD__V1__ROLE__ROLE_USER
 #define ASSISTANT HISTD__V1__ROLE__ROLE_ASSISTANT
+#define SYSTEM HISTD__V1__ROLE__ROLE_SYSTEM
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 /* A list of tool call ids and its length, for tmsg_calls/tmsg_results. */
@@ -102,6 +103,7 @@ typedef struct change_copy {
 	char *session_id;
 	uint64_t revision;
 	uint64_t cleared_to_seq;
+	int system_kept;
 	int has_records;            /* records were not NULL */
 	histd_records records;
 	histd_session *session;     /* NULL if none was given */
@@ -129,6 +131,7 @@ static void change_log_hook(void *ctx, const histd_change *c)
 	cc.session_id = xstrdup(c->session_id ? c->session_id : "");
 	cc.revision = c->revision;
 	cc.cleared_to_seq = c->cleared_to_seq;
+	cc.system_kept = c->system_kept;
 	if (c->records) {
 		cc.has_records = 1;
 		for (i = 0; i < c->n_records; i++)
@@ -4192,6 +4195,256 @@ static void truncate_removes_messages_from_search(void **state)
 	tmsgs_free(m, 4);
 }
 
+
+/* ---- truncate keeps system messages ---- */
+
+/* Whether the driver keeps its data across a close and an open on the same
+ * store. The memory driver, by design, does not. */
+static int durable(const ctest *t)
+{
+	return strcmp(t->fx->driver, "memory") != 0;
+}
+
+/* Closes the test's driver and opens it again on the same store, as a
+ * restart of histd would. */
+static void reopen(ctest *t)
+{
+	histd_driver_close(t->d);
+	t->d = NULL;
+	expect_ok(histd_driver_open(t->fx->driver, &t->cfg, &t->d));
+	histd_driver_set_notify(t->d, change_log_hook, &t->log);
+}
+
+/* rs holds exactly the messages at `seqs` (n of them, ascending), where
+ * m[i] was appended at seq i + 1. */
+static void expect_seqs(const histd_records *rs, const tmsg *m,
+			const uint64_t *seqs, size_t n)
+{
+	size_t i;
+
+	expect_eq(rs->n, n, "number of records");
+	for (i = 0; i < n; i++)
+		expect_record(&rs->v[i], seqs[i], &m[seqs[i] - 1]);
+}
+
+/* One read; the records must be exactly `seqs` (m as in expect_seqs). */
+static void expect_read_seqs(ctest *t, const char *id, uint64_t after_seq,
+			     uint32_t limit, uint32_t last_n, int want_more,
+			     const tmsg *m, const uint64_t *seqs, size_t n)
+{
+	histd_read_result rr;
+	histd_read q;
+
+	memset(&q, 0, sizeof(q));
+	q.tenant = TA;
+	q.session_id = id;
+	q.after_seq = after_seq;
+	q.limit = limit;
+	q.last_n = last_n;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	expect_seqs(&rr.records, m, seqs, n);
+	expect_eq(rr.has_more, want_more, "has_more");
+	histd_read_result_clear(&rr);
+}
+
+/* Tokens and stored bytes of the messages at `seqs` (m as in expect_seqs). */
+static uint64_t tokens_at(const tmsg *m, const uint64_t *seqs, size_t n)
+{
+	uint64_t sum = 0;
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		sum += m[seqs[i] - 1].tokens;
+	return sum;
+}
+
+static uint64_t bytes_at(const tmsg *m, const uint64_t *seqs, size_t n)
+{
+	uint64_t sum = 0;
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		sum += stored_len(&m[seqs[i] - 1], seqs[i]);
+	return sum;
+}
+
+static void truncate_keeps_system_messages_and_reads_return_them(void **state)
+{
+	ctest *t = *state;
+	static const uint64_t kept[] = { 1, 4, 6, 7 };
+	const change_copy **c;
+	histd_read_result rr;
+	size_t n;
+	tmsg m[8];
+
+	need_v3(t);
+	create_ok(t, TA, "s1");
+	tmsg_text(&m[0], SYSTEM, "you are terse");
+	tmsg_text(&m[1], USER, "first question");
+	tmsg_text(&m[2], ASSISTANT, "first answer");
+	tmsg_text(&m[3], SYSTEM, "be brief from now on");
+	tmsg_text(&m[4], USER, "second question");
+	tmsg_text(&m[5], ASSISTANT, "second answer");
+	tmsg_text(&m[6], USER, "third question");
+	tmsg_text(&m[7], ASSISTANT, "third answer");
+	append_ok(t, TA, "s1", m, 7, 1);
+
+	/* Seqs 2, 3 and 5 go; the system messages at 1 and 4 stay. */
+	expect_eq(truncate_ok(t, TA, "s1", 5), 3, "truncate revision");
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 3, .last_seq = 7, .cleared_to_seq = 5,
+		.message_count = 4, .token_total = tokens_at(m, kept, 4),
+		.bytes_total = bytes_at(m, kept, 4), .first_seq = 1 });
+
+	/* Reads count them as usual. */
+	expect_read_seqs(t, "s1", 0, 0, 0, 0, m, kept, 4);
+	expect_read_seqs(t, "s1", 1, 0, 0, 0, m, &kept[1], 3);
+	expect_read_seqs(t, "s1", 4, 0, 0, 0, m, &kept[2], 2);
+	expect_read_seqs(t, "s1", 0, 2, 0, 1, m, kept, 2);
+	expect_read_seqs(t, "s1", 0, 0, 3, 0, m, &kept[1], 3);
+	expect_read_seqs(t, "s1", 0, 0, 10, 0, m, kept, 4);
+	read_all(t, TA, "s1", &rr);
+	expect_eq(rr.cleared_to_seq, 5, "read cleared_to_seq");
+	expect_eq(rr.last_seq, 7, "read last_seq");
+	histd_read_result_clear(&rr);
+
+	n = changes_wait(t, TA, "s1", 2, 3, &c);
+	expect_eq(n, 2, "changes");
+	expect_eq(c[1]->kind, HISTD_CHANGE_CLEARED, "truncate notifies");
+	expect_eq(c[1]->revision, 3, "notified revision");
+	expect_eq(c[1]->cleared_to_seq, 5, "notified cleared_to_seq");
+	expect_eq(c[1]->system_kept, 1, "notified system_kept");
+	free(c);
+
+	/* Appends continue after last_seq. */
+	append_ok(t, TA, "s1", &m[7], 1, 8);
+	expect_eq(revision_of(t, TA, "s1"), 4, "revision after append");
+
+	/* Clear removes the system messages too, and says so. */
+	clear_ok(t, TA, "s1", 5, 8);
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 5, .last_seq = 8, .cleared_to_seq = 8 });
+	n = changes_wait(t, TA, "s1", 4, 5, &c);
+	expect_eq(n, 4, "changes after clear");
+	expect_eq(c[3]->kind, HISTD_CHANGE_CLEARED, "clear notifies");
+	expect_eq(c[3]->system_kept, 0, "clear system_kept");
+	free(c);
+	tmsgs_free(m, 8);
+}
+
+static void truncate_with_only_system_messages_to_delete_changes_nothing(void **state)
+{
+	ctest *t = *state;
+	static const uint64_t all[] = { 1, 2, 3, 4 }, kept[] = { 1, 2, 4 };
+	tmsg m[5];
+
+	need_v3(t);
+	create_ok(t, TA, "s1");
+	tmsg_text(&m[0], SYSTEM, "you are terse");
+	tmsg_text(&m[1], SYSTEM, "answer in French");
+	tmsg_text(&m[2], USER, "bonjour");
+	tmsg_text(&m[3], ASSISTANT, "salut");
+	tmsg_text(&m[4], USER, "merci");
+	append_ok(t, TA, "s1", m, 4, 1);
+
+	/* Only system messages at or below 2: nothing changes. */
+	expect_eq(truncate_ok(t, TA, "s1", 2), 2, "system-only truncate");
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 2, .last_seq = 4, .cleared_to_seq = 0,
+		.message_count = 4, .token_total = tokens_at(m, all, 4),
+		.bytes_total = bytes_at(m, all, 4), .first_seq = 1 });
+
+	expect_eq(truncate_ok(t, TA, "s1", 3), 3, "truncate revision");
+	/* Again, and lower: only system messages are left at or below. */
+	expect_eq(truncate_ok(t, TA, "s1", 3), 3, "same truncate again");
+	expect_eq(truncate_ok(t, TA, "s1", 1), 3, "lower truncate");
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 3, .last_seq = 4, .cleared_to_seq = 3,
+		.message_count = 3, .token_total = tokens_at(m, kept, 3),
+		.bytes_total = bytes_at(m, kept, 3), .first_seq = 1 });
+	expect_read_seqs(t, "s1", 0, 0, 0, 0, m, kept, 3);
+
+	/* Past last_seq counts as last_seq: only the system messages stay;
+	 * then nothing is left to delete, whatever up_to_seq. */
+	expect_eq(truncate_ok(t, TA, "s1", 100), 4, "truncate past last_seq");
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 4, .last_seq = 4, .cleared_to_seq = 4,
+		.message_count = 2, .token_total = tokens_at(m, all, 2),
+		.bytes_total = bytes_at(m, all, 2), .first_seq = 1 });
+	expect_eq(truncate_ok(t, TA, "s1", 100), 4, "nothing left to delete");
+	append_ok(t, TA, "s1", &m[4], 1, 5);
+	/* The no-op truncates notified nothing. */
+	expect_change_revisions(t, TA, "s1", 2, 5);
+	tmsgs_free(m, 5);
+}
+
+static void truncate_keeps_system_messages_across_a_restart(void **state)
+{
+	ctest *t = *state;
+	static const uint64_t kept[] = { 1, 5, 6, 7, 8 },
+			      kept2[] = { 1, 7 };
+	histd_record *rec = SENTINEL_RECORD, *s3, *s6;
+	histd_append_result res;
+	tmsg m[9], late;
+
+	need_v3(t);
+	create_ok(t, TA, "s1");
+	tmsg_text(&m[0], SYSTEM, "you are a careful agent");
+	tmsg_text(&m[1], USER, "look it up");
+	tmsg_calls(&m[2], "looking", IDS("c1"));
+	tmsg_results(&m[3], IDS("c1"));
+	tmsg_calls(&m[4], "looking again", IDS("c2"));
+	tmsg_text(&m[5], USER, "meanwhile");
+	tmsg_text(&m[6], SYSTEM, "use the metric system");
+	tmsg_text(&m[7], ASSISTANT, "noted");
+	tmsg_results(&m[8], IDS("c2"));
+	tmsg_results(&late, IDS("c1"));
+	append_ok(t, TA, "s1", m, 8, 1);
+	s3 = summary_new(1, 3, "asked and looked");
+	s6 = summary_new(1, 6, "asked, looked twice");
+	summary_put_ok(t, TA, "s1", s3);
+	summary_put_ok(t, TA, "s1", s6);
+
+	/* Deletes seqs 2..4 (and the c1 call with them, and the summary
+	 * covering up to 3); keeps the system message at 1. */
+	expect_eq(truncate_ok(t, TA, "s1", 4), 5, "truncate revision");
+	if (durable(t))
+		reopen(t);
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 5, .last_seq = 8, .cleared_to_seq = 4,
+		.message_count = 5, .token_total = tokens_at(m, kept, 5),
+		.bytes_total = bytes_at(m, kept, 5), .first_seq = 1,
+		.summary_count = 1 });
+	expect_read_seqs(t, "s1", 0, 0, 0, 0, m, kept, 5);
+	expect_read_seqs(t, "s1", 1, 0, 0, 0, m, &kept[1], 4);
+	expect_read_seqs(t, "s1", 0, 0, 2, 0, m, &kept[3], 2);
+	expect_summary(t, TA, "s1", s6);
+	expect_err(HISTD_ENOTFOUND,
+		   histd_driver_tool_result(t->d, TA, "s1", "c1", &rec));
+	assert_ptr_equal(rec, SENTINEL_RECORD);
+	expect_err(HISTD_EINVALID, append_msgs(t, TA, "s1", 0, &late, 1, &res));
+	append_ok(t, TA, "s1", &m[8], 1, 9);
+
+	/* A second truncate, after the restart: the replay of the first one
+	 * and the state it left must agree with the live driver's. */
+	expect_eq(truncate_ok(t, TA, "s1", 9), 7, "second truncate");
+	if (durable(t))
+		reopen(t);
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 7, .last_seq = 9, .cleared_to_seq = 9,
+		.message_count = 2, .token_total = tokens_at(m, kept2, 2),
+		.bytes_total = bytes_at(m, kept2, 2), .first_seq = 1 });
+	expect_read_seqs(t, "s1", 0, 0, 0, 0, m, kept2, 2);
+	expect_read_seqs(t, "s1", 0, 0, 1, 0, m, &kept2[1], 1);
+	expect_summary(t, TA, "s1", NULL);
+	expect_eq(truncate_ok(t, TA, "s1", 9), 7, "nothing left to delete");
+	histd_record_free(s3);
+	histd_record_free(s6);
+	tmsg_free(&late);
+	tmsgs_free(m, 9);
+}
+
 /* ---------------------------------------------------------------------- */
 
 #define T(f) cmocka_unit_test_prestate_setup_teardown(f, conf_setup, \
@@ -4302,6 +4555,9 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 		T(truncate_with_nothing_to_delete_changes_nothing),
 		T(truncate_drops_tool_state_and_summaries_of_deleted_messages),
 		T(truncate_removes_messages_from_search),
+		T(truncate_keeps_system_messages_and_reads_return_them),
+		T(truncate_with_only_system_messages_to_delete_changes_nothing),
+		T(truncate_keeps_system_messages_across_a_restart),
 	};
 	const char *filter = getenv("HISTD_TEST_FILTER");
 	char group[96];
