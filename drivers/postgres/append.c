@@ -25,6 +25,11 @@
  *      every message (unnest of binary arrays), the tool call index, the
  *      session stats, the idempotency keys, COMMIT, and the notice.
  *
+ * Session size limits (max_session_messages, max_session_bytes) are
+ * checked against the locked session row: in C on the checked path, in
+ * the statement itself on the fast path (ST_FAST_APPEND_LIMITED: no extra
+ * round trip), whose refused requests run again on the checked path.
+ *
  * So PostgreSQL sees a few statements and one WAL flush per batch instead
  * of per append. Notices are sent after COMMIT, not inside the
  * transaction: PostgreSQL serializes the commits of notifying transactions
@@ -173,6 +178,7 @@ typedef struct batch {
 	size_t n_idem;
 	pg_buf notices;
 	uint64_t origin;
+	const pg_driver *d;      /* its limits */
 } batch;
 
 static void
@@ -420,6 +426,38 @@ put_words(pg_array *tsv, pg_array *tool, pg_array *tl, pg_array *ttl,
 	return rc;
 }
 
+int
+pg_limit_size(const pg_driver *d, uint64_t n, uint64_t bytes)
+{
+	if (d->max_msgs && n > d->max_msgs)
+		return histd_error_set(HISTD_ELIMIT,
+				       "the session would hold %" PRIu64 " messages; "
+				       "the limit is %" PRIu64, n, d->max_msgs);
+	if (d->max_bytes && bytes > d->max_bytes)
+		return histd_error_set(HISTD_ELIMIT,
+				       "the session would hold %" PRIu64 " bytes; "
+				       "the limit is %" PRIu64, bytes, d->max_bytes);
+	return 0;
+}
+
+/* The session's size limits against what it would hold with the request
+ * (a replace: only its messages). */
+static int
+check_size(const batch *b, const pg_req *rq)
+{
+	const histd_append *a = rq->a;
+	const bsess *s = &b->sess[rq->sess];
+	uint64_t n = rq->replace ? 0 : s->message_count;
+	uint64_t bytes = rq->replace ? 0 : s->bytes_total;
+
+	if (!b->d->max_msgs && !b->d->max_bytes)
+		return 0;
+	n += a->n_msgs;
+	for (size_t i = 0; i < a->n_msgs; i++)
+		bytes += pg_record_len(s->last_seq + 1 + i, a->msgs[i].len);
+	return pg_limit_size(b->d, n, bytes);
+}
+
 /* Adds the rows of an accepted request. */
 static int
 apply(batch *b, pg_req *rq)
@@ -598,6 +636,8 @@ process(batch *b, size_t r)
 	}
 	b->n_undo = 0;
 	rc = check_tools(b, rq);
+	if (rc == 0)
+		rc = check_size(b, rq);
 	if (rc) {
 		tc_undo(b);
 		if (rc == HISTD_ENOMEM)
@@ -1129,7 +1169,10 @@ typedef struct fast {
 	pg_req **req;
 	size_t n;
 	int64_t *sid;
+	/* By request: refused by a size limit (ST_FAST_APPEND_LIMITED). */
+	unsigned char *over;
 	uint64_t origin;
+	const pg_driver *d;
 } fast;
 
 /*
@@ -1141,7 +1184,7 @@ typedef struct fast {
  * by the listeners' periodic sweep (watch.c).
  */
 static int
-fast_pipeline(pg_driver *d, pg_conn *c, const pg_params *p,
+fast_pipeline(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
 	      const pg_params *np, PGresult **out, int *retry)
 {
 	PGconn *pg = c->pg;
@@ -1150,7 +1193,7 @@ fast_pipeline(pg_driver *d, pg_conn *c, const pg_params *p,
 
 	*retry = 0;
 	if (!PQenterPipelineMode(pg) ||
-	    !PQsendQueryPrepared(pg, pg_stmt_name[ST_FAST_APPEND], p->n, p->values,
+	    !PQsendQueryPrepared(pg, pg_stmt_name[st], p->n, p->values,
 				 p->lengths, p->formats, 1) ||
 	    !PQpipelineSync(pg) ||
 	    !PQsendQueryPrepared(pg, pg_stmt_name[ST_NOTIFY_SESSIONS], np->n,
@@ -1217,11 +1260,13 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 {
 	fast *f = arg;
 	pg_array tenant, id, n, tokens, m_ord, m_k, m_role, m_author, m_created,
-		 m_tokens, m_data, m_tsv, m_tool, m_tl, m_ttl;
+		 m_tokens, m_data, m_tsv, m_tool, m_tl, m_ttl, m_len;
+	/* In parameter order; m_len ($16) only with a size limit. */
 	pg_array *all[] = { &tenant, &id, &n, &tokens, &m_ord, &m_k, &m_role,
 			    &m_author, &m_created, &m_tokens, &m_data, &m_tsv,
-			    &m_tool, &m_tl, &m_ttl };
+			    &m_tool, &m_tl, &m_ttl, &m_len };
 	const size_t n_all = sizeof(all) / sizeof(all[0]);
+	int limited = f->d->max_msgs || f->d->max_bytes;
 	pg_params p = { 0 };
 	char origin[24];
 	PGresult *r = NULL;
@@ -1242,11 +1287,13 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	pg_arr_init(&m_tool, PG_OID_TEXT);
 	pg_arr_init(&m_tl, PG_OID_INT4);
 	pg_arr_init(&m_ttl, PG_OID_INT4);
+	pg_arr_init(&m_len, PG_OID_INT4);
 	for (size_t r = 0; r < f->n && rc == 0; r++) {
 		const histd_append *a = f->req[r]->a;
 		int64_t tok = 0;
 
 		f->req[r]->accepted = 0;
+		f->over[r] = 0;
 		for (size_t i = 0; i < a->n_msgs; i++) {
 			const histd_msg_in *m = &a->msgs[i];
 			pg_msg_cols mc;
@@ -1270,6 +1317,7 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 				pg_arr_null(&m_created);
 			pg_arr_i32(&m_tokens, (int32_t)m->token_estimate);
 			pg_arr_bytes(&m_data, m->data, m->len);
+			pg_arr_i32(&m_len, (int32_t)m->len);
 			tok += m->token_estimate;
 		}
 		pg_arr_text(&tenant, a->tenant);
@@ -1283,8 +1331,13 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	if (rc == 0) {
 		pg_params np = { 0 };
 
-		for (size_t i = 0; i < n_all; i++)
+		/* m_len, the last, only for the limited statement. */
+		for (size_t i = 0; i < (limited ? n_all : n_all - 1); i++)
 			pg_p_array(&p, all[i]);
+		if (limited) {
+			pg_p_i64(&p, (int64_t)f->d->max_msgs);
+			pg_p_i64(&p, (int64_t)f->d->max_bytes);
+		}
 		snprintf(origin, sizeof(origin), "%016" PRIx64, f->origin);
 		pg_p_array(&np, &tenant);
 		pg_p_array(&np, &id);
@@ -1292,7 +1345,8 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 		/* One statement, its own transaction: once it is sent, a
 		 * lost connection leaves the outcome unknown. */
 		*commit_sent = 1;
-		rc = fast_pipeline(d, c, &p, &np, &r, retry);
+		rc = fast_pipeline(d, c, limited ? ST_FAST_APPEND_LIMITED
+					       : ST_FAST_APPEND, &p, &np, &r, retry);
 	}
 	for (int i = 0; rc == 0 && i < PQntuples(r); i++) {
 		int64_t ord = pg_r_i64(r, i, 0) - 1;
@@ -1300,6 +1354,10 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 
 		if (ord < 0 || (size_t)ord >= f->n)
 			continue;
+		if (limited && !pg_r_bool(r, i, 4)) {
+			f->over[ord] = 1;
+			continue;
+		}
 		rq = f->req[ord];
 		f->sid[ord] = pg_r_i64(r, i, 1);
 		rq->res.first_seq = (uint64_t)pg_r_i64(r, i, 2) + 1;
@@ -1313,34 +1371,50 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	return rc;
 }
 
+static void run_batch(pg_driver *d, pg_req **reqs, size_t n, int may_fast);
+
 /* Runs plain appends through the fast path; 0, or the batch's error
- * (*unknown set if COMMIT may have happened). */
+ * (*unknown set if COMMIT may have happened). Requests a size limit
+ * refused run again, in order, on the checked path: a later one may fit
+ * where an earlier did not, and the first gets its error there. */
 static int
 run_fast(pg_driver *d, pg_req **reqs, size_t n, int64_t *sids, int *unknown)
 {
-	fast f = { .req = reqs, .n = n, .sid = sids, .origin = d->origin };
+	unsigned char over[FAST_MAX];
+	pg_req *again[FAST_MAX];
+	size_t n_again = 0;
+	fast f = { .req = reqs, .n = n, .sid = sids, .over = over,
+		   .origin = d->origin, .d = d };
 	int rc = pg_txn(d, fast_body, &f, unknown);
 
 	if (rc)
 		return rc;
-	for (size_t r = 0; r < n; r++)
-		if (!reqs[r]->accepted)
+	for (size_t r = 0; r < n; r++) {
+		if (reqs[r]->accepted)
+			continue;
+		if (over[r])
+			again[n_again++] = reqs[r];
+		else
 			fail(reqs[r], histd_error_set(HISTD_ENOTFOUND,
 						      "session not found"));
+	}
 	notify_accepted(d, reqs, n, sids);
+	if (n_again)
+		run_batch(d, again, n_again, 0);
 	return 0;
 }
 
 static void run_one(pg_driver *d, pg_req *rq);
 
-/* Runs a batch as one transaction and settles every request in it. */
+/* Runs a batch as one transaction and settles every request in it;
+ * plain appends on the fast path if may_fast. */
 static void
-run_batch(pg_driver *d, pg_req **reqs, size_t n)
+run_batch(pg_driver *d, pg_req **reqs, size_t n, int may_fast)
 {
-	batch b = { .req = reqs, .n = n, .origin = d->origin };
+	batch b = { .req = reqs, .n = n, .origin = d->origin, .d = d };
 	int unknown = 0, rc;
 
-	int fast_ok = n <= FAST_MAX;
+	int fast_ok = may_fast && n <= FAST_MAX;
 
 	for (size_t r = 0; r < n; r++) {
 		reqs[r]->rc = 0;
@@ -1407,7 +1481,7 @@ run_one(pg_driver *d, pg_req *rq)
 {
 	pg_req *one[1] = { rq };
 
-	run_batch(d, one, 1);
+	run_batch(d, one, 1, 1);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1469,7 +1543,7 @@ submit(pg_driver *d, pg_req *rq)
 		n = take(g, batch, g->max_batch);
 		g->inflight++;
 		pthread_mutex_unlock(&g->mu);
-		run_batch(d, batch, n);
+		run_batch(d, batch, n, 1);
 		pthread_mutex_lock(&g->mu);
 		g->inflight--;
 		for (size_t i = 0; i < n; i++) {

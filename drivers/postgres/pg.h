@@ -1,8 +1,10 @@
 /*
  * Internals of the postgres driver, shared by its files:
  *
- *   postgres.c  the vtable: sessions, reads, clear, summaries, open/close
- *   append.c    append and replace: group commit of concurrent appends
+ *   postgres.c  the vtable: sessions, reads, clear, truncate, summaries,
+ *               open/close, the sessions-per-tenant limit
+ *   append.c    append and replace: group commit of concurrent appends,
+ *               the session size limits
  *   watch.c     change notices: ordering of the hook per session, the
  *               LISTEN thread, catch-up of changes made by other replicas
  *   pool.c      connections, prepared statements, parameters and results
@@ -34,8 +36,11 @@ enum pg_stmt {
 	ST_SESSION_GET,
 	ST_SESSION_GET_SID,
 	ST_SESSION_CREATE,
+	ST_SESSION_CREATE_LIMITED,
 	ST_SESSION_BY_KEYS,
 	ST_SESSION_RESOLVE,
+	ST_SESSION_RESOLVE_LIMITED,
+	ST_TENANT_LOCK,
 	ST_SESSION_LOCK,
 	ST_SESSION_LIST,
 	ST_SESSION_LIST_LABELS,
@@ -45,12 +50,17 @@ enum pg_stmt {
 	ST_READ_LAST,
 	ST_TOOL_RESULT,
 	ST_CLEAR,
+	ST_TRUNCATE_PROBE,
+	ST_TRUNCATE,
 	ST_SUMMARY_PUT,
 	ST_SUMMARY_GET,
 	ST_FORK_SOURCE,
 	ST_FORK_CREATE,
+	ST_FORK_CREATE_LIMITED,
+	ST_FORK_SIZE,
 	ST_FORK_COPY,
 	ST_FAST_APPEND,
+	ST_FAST_APPEND_LIMITED,
 	ST_BATCH_LOCK,
 	ST_BATCH_IDEM,
 	ST_BATCH_TOOLS,
@@ -120,6 +130,10 @@ typedef struct pg_driver {
 	/* Random per process, in every notice we send, so the listener
 	 * skips our own changes (the hook already had them). */
 	uint64_t origin;
+	/* histd_driver_config's limits (0: none); read-only after open. */
+	uint64_t max_sessions;
+	uint64_t max_msgs;
+	uint64_t max_bytes;
 } pg_driver;
 
 /* Opens a connection to d->dsn with histd's session settings and, if
@@ -138,7 +152,7 @@ void pg_lost(pg_driver *d);
 /* ---------------------------------------------------------------------- */
 /* Parameters, in the binary format where it saves parsing                 */
 
-#define PG_MAX_PARAMS 16
+#define PG_MAX_PARAMS 20
 
 typedef struct pg_params {
 	int n;
@@ -257,7 +271,7 @@ void pg_rollback(pg_driver *d, pg_conn *c);
 /* Schema (schema.c)                                                       */
 
 /* The schema version this binary writes. */
-#define PG_SCHEMA_VERSION 2
+#define PG_SCHEMA_VERSION 3
 
 /* Creates or upgrades the schema under an advisory lock; refuses (EINVALID)
  * a database whose schema is newer than this binary. */
@@ -301,6 +315,10 @@ void pg_group_free(pg_driver *d);
 int pg_append(histd_driver *drv, const histd_append *a, histd_append_result *res);
 int pg_replace(histd_driver *drv, const histd_append *a, histd_append_result *res,
 	       uint64_t *cleared_to_seq);
+/* ELIMIT, naming the limit, if a session holding n messages of `bytes`
+ * record bytes would pass d's max_session_messages or max_session_bytes;
+ * else 0. */
+int pg_limit_size(const pg_driver *d, uint64_t n, uint64_t bytes);
 
 /* ---------------------------------------------------------------------- */
 /* Search (search.c)                                                       */

@@ -10,6 +10,13 @@
  *
  * Reads are single statements (one snapshot), the session row and its
  * messages in one UNION ALL.
+ *
+ * Limits (histd_driver_config) hold across replicas because PostgreSQL
+ * decides them: with max_sessions_per_tenant, a create, resolve or fork
+ * takes the tenant's advisory lock (ST_TENANT_LOCK) and counts the
+ * tenant's sessions in its insert, in the same round trip; the session
+ * size limits are checked against the locked session row (append.c, and
+ * fork below).
  */
 #include "postgres.h"
 
@@ -37,6 +44,24 @@ conflict(uint64_t expected, uint64_t current, uint64_t *current_out)
 	return histd_error_set(HISTD_ECONFLICT,
 			       "expected_revision %" PRIu64 " does not match the "
 			       "session's revision %" PRIu64, expected, current);
+}
+
+/* A create that the tenant's limit stopped (a row of ST_*_LIMITED: the
+ * tenant's sessions, what is taken): EEXISTS when the id or the keys are
+ * taken, as without a limit; else ELIMIT. */
+static int
+tenant_full(const pg_driver *d, const PGresult *r, int row)
+{
+	int taken = pg_r_i32(r, row, 1);
+
+	if (taken == 1)
+		return histd_error_set(HISTD_EEXISTS, "session_id already exists");
+	if (taken == 2)
+		return histd_error_set(HISTD_EEXISTS,
+				       "another session has the same context_keys");
+	return histd_error_set(HISTD_ELIMIT,
+			       "the tenant has %" PRIu64 " sessions; the limit is %" PRIu64,
+			       (uint64_t)pg_r_i64(r, row, 0), d->max_sessions);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -194,6 +219,33 @@ create_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 			    a->in->config_len, &kj, &lj);
 	if (rc)
 		return rc;
+	if (d->max_sessions) {
+		/* The lock, then the counted insert (its snapshot sees every
+		 * create the lock waited for), in one round trip. */
+		pg_params lp = { 0 };
+		const enum pg_stmt st[4] = {
+			ST_BEGIN, ST_TENANT_LOCK, ST_SESSION_CREATE_LIMITED, ST_COMMIT,
+		};
+		const pg_params *pp[4] = { NULL, &lp, &p, NULL };
+		PGresult *res[4];
+
+		pg_p_text(&lp, a->in->tenant);
+		pg_p_i64(&p, (int64_t)d->max_sessions);
+		rc = pg_pipeline(d, c, 4, st, pp, res, retry, 4);
+		free(kj);
+		free(lj);
+		if (rc)
+			return rc;
+		PQclear(res[0]);
+		PQclear(res[1]);
+		PQclear(res[3]);
+		if (pg_r_null(res[2], 0, 2))
+			rc = tenant_full(d, res[2], 0);
+		else
+			rc = pg_row_session(res[2], 0, 2, &a->out, &a->sid);
+		PQclear(res[2]);
+		return rc;
+	}
 	rc = pg_exec(d, c, ST_SESSION_CREATE, &p, &r, retry);
 	free(kj);
 	free(lj);
@@ -260,6 +312,66 @@ struct resolve_arg {
 	int created;
 };
 
+/*
+ * Resolve under the tenant's limit: a session holding the keys is found
+ * without the lock; else, in one round trip, the lock, the counted insert
+ * (nothing if the keys are taken meanwhile, or the tenant is full) and
+ * the holder of the keys, then COMMIT. p: session_params and the limit;
+ * k: tenant and keys.
+ */
+static int
+resolve_limited(pg_driver *d, pg_conn *c, struct resolve_arg *a,
+		const pg_params *p, const pg_params *k, int *retry)
+{
+	pg_params lp = { 0 };
+	const enum pg_stmt st[5] = {
+		ST_BEGIN, ST_TENANT_LOCK, ST_SESSION_RESOLVE_LIMITED,
+		ST_SESSION_BY_KEYS, ST_COMMIT,
+	};
+	const pg_params *pp[5] = { NULL, &lp, p, k, NULL };
+	PGresult *r, *res[5];
+	int rc;
+
+	if ((rc = pg_exec(d, c, ST_SESSION_BY_KEYS, k, &r, retry)))
+		return rc;
+	if (PQntuples(r) == 1) {
+		a->created = 0;
+		rc = pg_row_session(r, 0, 0, &a->out, NULL);
+		PQclear(r);
+		return rc;
+	}
+	PQclear(r);
+	pg_p_text(&lp, a->in->tenant);
+	/* A holder of the keys created and deleted between the statements
+	 * (by a replica without the limit) shows as neither: again. */
+	for (int i = 0; i < 10; i++) {
+		int settled = 1;
+
+		if ((rc = pg_pipeline(d, c, 5, st, pp, res, retry, 5)))
+			return rc;
+		PQclear(res[0]);
+		PQclear(res[1]);
+		PQclear(res[4]);
+		if (!pg_r_null(res[2], 0, 2)) {
+			a->created = 1;
+			rc = pg_row_session(res[2], 0, 2, &a->out, NULL);
+		} else if (PQntuples(res[3]) == 1) {
+			a->created = 0;
+			rc = pg_row_session(res[3], 0, 0, &a->out, NULL);
+		} else if ((uint64_t)pg_r_i64(res[2], 0, 0) >= d->max_sessions) {
+			rc = tenant_full(d, res[2], 0);
+		} else {
+			settled = 0;
+		}
+		PQclear(res[2]);
+		PQclear(res[3]);
+		if (settled)
+			return rc;
+	}
+	return histd_error_set(HISTD_EUNAVAILABLE, "session resolve did not "
+			       "settle: concurrent create and delete");
+}
+
 static int
 resolve_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 {
@@ -276,6 +388,13 @@ resolve_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 		return rc;
 	pg_p_text(&k, a->in->tenant);
 	pg_p_text(&k, kj);
+	if (d->max_sessions) {
+		pg_p_i64(&p, (int64_t)d->max_sessions);
+		rc = resolve_limited(d, c, a, &p, &k, retry);
+		free(kj);
+		free(lj);
+		return rc;
+	}
 	/* Insert unless the keys are taken, else read the holder. A holder
 	 * committed after this statement's snapshot, or deleted between the
 	 * two statements, shows as neither: go round again. */
@@ -529,27 +648,47 @@ struct fork_arg {
 	histd_session *out;
 };
 
+/*
+ * Three round trips: BEGIN and the source row locked FOR SHARE (with the
+ * tenant's lock first when sessions are limited, and what the fork would
+ * hold when sizes are); the new session row; the copy and COMMIT.
+ */
 static int
 fork_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 {
 	struct fork_arg *a = arg;
-	pg_params p = { 0 }, np = { 0 }, cp = { 0 };
-	const enum pg_stmt st1[2] = { ST_BEGIN, ST_FORK_SOURCE };
-	const pg_params *pp1[2] = { NULL, &p };
-	PGresult *res[2], *r;
+	pg_params p = { 0 }, lp = { 0 }, zp = { 0 }, np = { 0 }, cp = { 0 };
+	int sized = d->max_msgs || d->max_bytes;
+	const enum pg_stmt st1[4] = {
+		ST_BEGIN, d->max_sessions ? ST_TENANT_LOCK : ST_COUNT,
+		ST_FORK_SOURCE, sized ? ST_FORK_SIZE : ST_COUNT,
+	};
+	const pg_params *pp1[4] = { NULL, &lp, &p, &zp };
+	PGresult *res[4], *r;
 	char *kj = NULL, *lj = NULL;
 	uint8_t *config = NULL;
 	size_t config_len = 0;
 	int64_t src_sid, new_sid;
-	uint64_t last, cleared;
+	uint64_t last, cleared, n_msgs = 0, n_bytes = 0;
 	int rc;
 
+	pg_p_text(&lp, a->tenant);
 	pg_p_text(&p, a->tenant);
 	pg_p_text(&p, a->source);
-	if ((rc = pg_pipeline(d, c, 2, st1, pp1, res, retry, 2)))
+	pg_p_text(&zp, a->tenant);
+	pg_p_text(&zp, a->source);
+	pg_p_i64(&zp, a->up_to && a->up_to < INT64_MAX ? (int64_t)a->up_to
+						       : INT64_MAX);
+	if ((rc = pg_pipeline(d, c, 4, st1, pp1, res, retry, 4)))
 		return rc;
 	PQclear(res[0]);
-	r = res[1];
+	PQclear(res[1]);
+	if (res[3]) {
+		n_msgs = (uint64_t)pg_r_i64(res[3], 0, 0);
+		n_bytes = (uint64_t)pg_r_i64(res[3], 0, 1);
+		PQclear(res[3]);
+	}
+	r = res[2];
 	if (PQntuples(r) == 0) {
 		PQclear(r);
 		return not_found();
@@ -578,10 +717,24 @@ fork_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 		goto out;
 	pg_p_i64(&np, (int64_t)last);
 	pg_p_i64(&np, (int64_t)cleared);
-	if ((rc = pg_exec(d, c, ST_FORK_CREATE, &np, &r, retry)))
+	if (d->max_sessions)
+		pg_p_i64(&np, (int64_t)d->max_sessions);
+	if ((rc = pg_exec(d, c, d->max_sessions ? ST_FORK_CREATE_LIMITED
+						: ST_FORK_CREATE, &np, &r, retry)))
 		goto out;
-	new_sid = pg_r_i64(r, 0, 0);
+	/* As the memory driver checks: the id, the size, then the tenant. */
+	if (d->max_sessions && pg_r_null(r, 0, 2)) {
+		if (pg_r_i32(r, 0, 1) != 1 && sized)
+			rc = pg_limit_size(d, n_msgs, n_bytes);
+		if (rc == 0)
+			rc = tenant_full(d, r, 0);
+		PQclear(r);
+		goto out;
+	}
+	new_sid = pg_r_i64(r, 0, d->max_sessions ? 2 : 0);
 	PQclear(r);
+	if (sized && (rc = pg_limit_size(d, n_msgs, n_bytes)))
+		goto out;
 
 	pg_p_i64(&cp, src_sid);
 	pg_p_i64(&cp, new_sid);
@@ -831,6 +984,102 @@ pg_clear(histd_driver *drv, const char *tenant, const char *id,
 	return rc;
 }
 
+struct truncate_arg {
+	const char *tenant, *id;
+	uint64_t up_to, expected;
+	locked l;
+	uint64_t revision, cleared, current;
+	int changed;
+};
+
+/* BEGIN, the session row locked and whether anything is to delete, in one
+ * round trip; then the delete, COMMIT and the notice in another. With
+ * nothing to delete, the transaction ends and nothing changed. */
+static int
+truncate_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
+{
+	struct truncate_arg *a = arg;
+	pg_params p = { 0 }, q = { 0 }, w = { 0 };
+	const enum pg_stmt st[3] = { ST_BEGIN, ST_SESSION_LOCK, ST_TRUNCATE_PROBE };
+	const pg_params *pp[3] = { NULL, &p, &q };
+	/* Seqs are below 2^63; a larger up_to_seq is last_seq anyway. */
+	int64_t up_to = a->up_to < INT64_MAX ? (int64_t)a->up_to : INT64_MAX;
+	PGresult *res[3], *r;
+	int rc, any;
+
+	a->changed = 0;
+	pg_p_text(&p, a->tenant);
+	pg_p_text(&p, a->id);
+	pg_p_text(&q, a->tenant);
+	pg_p_text(&q, a->id);
+	pg_p_i64(&q, up_to);
+	if ((rc = pg_pipeline(d, c, 3, st, pp, res, retry, 3)))
+		return rc;
+	PQclear(res[0]);
+	if (PQntuples(res[1]) == 0) {
+		PQclear(res[1]);
+		PQclear(res[2]);
+		return not_found();
+	}
+	a->l.sid = pg_r_i64(res[1], 0, 0);
+	a->l.revision = (uint64_t)pg_r_i64(res[1], 0, 1);
+	a->l.last_seq = (uint64_t)pg_r_i64(res[1], 0, 2);
+	a->l.cleared_to_seq = (uint64_t)pg_r_i64(res[1], 0, 3);
+	any = pg_r_bool(res[2], 0, 0);
+	PQclear(res[1]);
+	PQclear(res[2]);
+	if (a->expected && a->expected != a->l.revision)
+		return conflict(a->expected, a->l.revision, &a->current);
+	if (!any) {
+		a->revision = a->l.revision;
+		return pg_exec(d, c, ST_COMMIT, NULL, NULL, retry);
+	}
+	if ((uint64_t)up_to > a->l.last_seq)
+		up_to = (int64_t)a->l.last_seq;
+	pg_p_i64(&w, a->l.sid);
+	pg_p_i64(&w, up_to);
+	pg_p_i64(&w, (int64_t)a->l.revision + 1);
+	rc = write_commit(d, c, ST_TRUNCATE, &w, HISTD_CHANGE_CLEARED,
+			  a->l.revision + 1, a->l.sid, &r, retry, commit_sent);
+	if (rc)
+		return rc;
+	a->revision = (uint64_t)pg_r_i64(r, 0, 0);
+	a->cleared = (uint64_t)pg_r_i64(r, 0, 1);
+	a->changed = 1;
+	PQclear(r);
+	return 0;
+}
+
+static int
+pg_truncate(histd_driver *drv, const char *tenant, const char *id,
+	    uint64_t up_to_seq, uint64_t expected_revision, uint64_t *revision,
+	    uint64_t *current_revision)
+{
+	pg_driver *d = (pg_driver *)drv;
+	struct truncate_arg a = { .tenant = tenant, .id = id, .up_to = up_to_seq,
+				  .expected = expected_revision };
+	int unknown = 0;
+	int rc = pg_txn(d, truncate_body, &a, &unknown);
+
+	if (rc == 0) {
+		if (a.changed) {
+			histd_change ch = {
+				.kind = HISTD_CHANGE_CLEARED, .tenant = tenant,
+				.session_id = id, .revision = a.revision,
+				.cleared_to_seq = a.cleared, .system_kept = 1,
+			};
+
+			pg_watch_local(d, a.l.sid, &ch, a.l.last_seq);
+		}
+		*revision = a.revision;
+	} else if (rc == HISTD_ECONFLICT) {
+		*current_revision = a.current;
+	} else if (unknown && a.l.sid) {
+		pg_watch_unknown(d, a.l.sid, tenant, id);
+	}
+	return rc;
+}
+
 struct summary_arg {
 	const char *tenant, *id;
 	uint64_t expected;
@@ -998,17 +1247,11 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 	if (cfg->pool_size < 0 || cfg->pool_size > PG_POOL_MAX)
 		return histd_error_set(HISTD_EINVALID,
 				       "pool_size must be 1..%d", PG_POOL_MAX);
-	/* Written against version 2: it neither enforces the limits nor
-	 * truncates yet, so a limit it would ignore is refused. */
-	if (cfg->max_sessions_per_tenant || cfg->max_session_messages ||
-	    cfg->max_session_bytes)
-		return histd_error_set(HISTD_EINVALID,
-				       "the postgres driver does not enforce max_sessions_per_tenant, max_session_messages or max_session_bytes yet");
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	d->base = (histd_driver){
-		.version = 2,           /* no limits nor truncate yet */
+		.version = 3,
 		.name = "postgres",
 		.session_create = pg_session_create,
 		.session_get = pg_session_get,
@@ -1029,7 +1272,13 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.close = pg_close,
 		.search = pg_search,
 		.embedding_put = pg_embedding_put,
+		.truncate = pg_truncate,
 	};
+	/* Every replica must be given the same limits: each enforces its
+	 * own (README, "PostgreSQL"). */
+	d->max_sessions = cfg->max_sessions_per_tenant;
+	d->max_msgs = cfg->max_session_messages;
+	d->max_bytes = cfg->max_session_bytes;
 	pthread_mutex_init(&d->pool_mu, NULL);
 	pthread_cond_init(&d->pool_cv, NULL);
 	atomic_init(&d->gen, 1);

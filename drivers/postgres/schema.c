@@ -28,6 +28,9 @@
  * - sessions is updated by every append: fillfactor 70 leaves room on the
  *   page for HOT updates (no index maintenance; no indexed column
  *   changes).
+ * - sessions.truncate_revision tells a clear (clear_revision) from a
+ *   truncate, which keeps system messages: a replica catching up must
+ *   know which one it missed (watch.c).
  */
 #include "pg.h"
 
@@ -38,6 +41,13 @@
 
 /* pg_advisory_xact_lock key: "histdmig" as an integer. */
 #define MIGRATION_LOCK "7523659058405034343"
+/* The first of the two keys of the per-tenant lock ("hist"); the second is
+ * a hash of the tenant. (Locks on one 64-bit key and on two 32-bit keys do
+ * not collide.) */
+#define TENANT_LOCK_CLASS "1751741300"
+/* Role.ROLE_SYSTEM of histd.proto, as stored in messages.role: truncate
+ * keeps these. */
+#define ROLE_SYSTEM "1"
 
 static const char *const migrations[] = {
 	/* 1: the initial schema. */
@@ -126,6 +136,14 @@ static const char *const migrations[] = {
 	"CREATE INDEX messages_tsv_tool ON messages USING gin (tsv_tool)"
 	"  WHERE tsv_tool IS NOT NULL;"
 	"CREATE INDEX messages_unindexed ON messages (sid) WHERE tsv IS NULL;",
+
+	/* 3: truncate (driver version 3). The revision of the session's
+	 * last truncate, beside clear_revision (its last clear or replace,
+	 * which truncate does not set): a catch-up reports a truncate as
+	 * CLEARED with system messages kept. A constant default rewrites
+	 * nothing. */
+	"ALTER TABLE sessions ADD COLUMN truncate_revision bigint NOT NULL"
+	"  DEFAULT 0;",
 };
 
 #define N_MIGRATIONS (sizeof(migrations) / sizeof(migrations[0]))
@@ -214,22 +232,48 @@ fail:
 	"NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, " \
 	"NULL, NULL, NULL, NULL, NULL, NULL"
 
+/* The size of seq x as a protobuf varint (x: an SQL expression). */
+#define VARINT_LEN(x) \
+	"CASE WHEN " x " < 128 THEN 1 WHEN " x " < 16384 THEN 2" \
+	" WHEN " x " < 2097152 THEN 3 WHEN " x " < 268435456 THEN 4" \
+	" WHEN " x " < 34359738368 THEN 5 WHEN " x " < 4398046511104 THEN 6" \
+	" WHEN " x " < 562949953421312 THEN 7" \
+	" WHEN " x " < 72057594037927936 THEN 8 ELSE 9 END"
+
 /* A stored message's record length as histd counts it (bytes_total): the
  * seq field (a key byte and the varint) in front of the packed bytes. */
-#define RECORD_LEN \
-	"(octet_length(data) + 1 + CASE" \
-	" WHEN seq < 128 THEN 1 WHEN seq < 16384 THEN 2" \
-	" WHEN seq < 2097152 THEN 3 WHEN seq < 268435456 THEN 4" \
-	" WHEN seq < 34359738368 THEN 5 WHEN seq < 4398046511104 THEN 6" \
-	" WHEN seq < 562949953421312 THEN 7 WHEN seq < 72057594037927936 THEN 8" \
-	" ELSE 9 END)"
+#define RECORD_LEN "(octet_length(data) + 1 + " VARINT_LEN("seq") ")"
+
+/* Which session stands in the way of a create refused by the tenant's
+ * limit ($1 tenant, $2 id, $3 context keys): 1 the id, 2 the keys, else 0;
+ * a create that could not be made for either reason is EEXISTS, as it
+ * would be without a limit. */
+#define TAKEN(n_ok) \
+	"CASE WHEN " n_ok " THEN 0" \
+	" WHEN EXISTS (SELECT 1 FROM sessions WHERE tenant = $1::text" \
+	"  AND id = $2::text) THEN 1" \
+	" WHEN $3::jsonb IS NOT NULL AND EXISTS (SELECT 1 FROM sessions" \
+	"  WHERE tenant = $1::text AND context_keys = $3::jsonb) THEN 2" \
+	" ELSE 0 END"
+
+/* The newest stored seq of session s, for exclude_newest ($9): last_seq
+ * while cleared_to_seq is below it (everything above cleared_to_seq is
+ * stored); after a clear or truncate of everything, the newest kept
+ * system message, if any. */
+#define NEWEST_SEQ \
+	"CASE WHEN $9::int4 = 0 OR s.cleared_to_seq < s.last_seq THEN s.last_seq" \
+	" ELSE coalesce((SELECT max(m.seq) FROM messages m WHERE m.sid = s.sid)," \
+	" 0) END"
 
 const char *const pg_stmt_name[ST_COUNT] = {
 	[ST_SESSION_GET] = "session_get",
 	[ST_SESSION_GET_SID] = "session_get_sid",
 	[ST_SESSION_CREATE] = "session_create",
+	[ST_SESSION_CREATE_LIMITED] = "session_create_limited",
 	[ST_SESSION_BY_KEYS] = "session_by_keys",
 	[ST_SESSION_RESOLVE] = "session_resolve",
+	[ST_SESSION_RESOLVE_LIMITED] = "session_resolve_limited",
+	[ST_TENANT_LOCK] = "tenant_lock",
 	[ST_SESSION_LOCK] = "session_lock",
 	[ST_SESSION_LIST] = "session_list",
 	[ST_SESSION_LIST_LABELS] = "session_list_labels",
@@ -239,12 +283,17 @@ const char *const pg_stmt_name[ST_COUNT] = {
 	[ST_READ_LAST] = "read_last",
 	[ST_TOOL_RESULT] = "tool_result",
 	[ST_CLEAR] = "clear",
+	[ST_TRUNCATE_PROBE] = "truncate_probe",
+	[ST_TRUNCATE] = "truncate",
 	[ST_SUMMARY_PUT] = "summary_put",
 	[ST_SUMMARY_GET] = "summary_get",
 	[ST_FORK_SOURCE] = "fork_source",
 	[ST_FORK_CREATE] = "fork_create",
+	[ST_FORK_CREATE_LIMITED] = "fork_create_limited",
+	[ST_FORK_SIZE] = "fork_size",
 	[ST_FORK_COPY] = "fork_copy",
 	[ST_FAST_APPEND] = "fast_append",
+	[ST_FAST_APPEND_LIMITED] = "fast_append_limited",
 	[ST_BATCH_LOCK] = "batch_lock",
 	[ST_BATCH_IDEM] = "batch_idem",
 	[ST_BATCH_TOOLS] = "batch_tools",
@@ -267,6 +316,46 @@ const char *const pg_stmt_name[ST_COUNT] = {
 	[ST_ROLLBACK] = "rollback",
 };
 
+/* The requests of a fast-path batch (ST_FAST_APPEND*), one row each. */
+#define FAST_REQ \
+	"WITH req AS (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[]," \
+	"  $4::int8[]) WITH ORDINALITY AS r(tenant, id, n, tokens, ord)),"
+
+/* The writes of a fast-path batch, given `plan`: a row per request to
+ * apply (ord, sid, n, tokens, base: the seq before its first, rev). */
+#define FAST_WRITE \
+	" ins AS (INSERT INTO messages (sid, seq, revision, role, author," \
+	"  created_at, token_estimate, data, tsv, tsv_tool, tsv_len," \
+	"  tsv_tool_len)" \
+	"  SELECT p.sid, p.base + m.k, p.rev, m.role, m.author, m.created_at," \
+	"  m.tokens, m.data, m.tsv::tsvector, m.tool::tsvector, m.tl, m.ttl" \
+	"  FROM unnest($5::int8[], $6::int8[], $7::int2[], $8::text[]," \
+	"  $9::timestamptz[], $10::int4[], $11::bytea[], $12::text[]," \
+	"  $13::text[], $14::int4[], $15::int4[])" \
+	"  AS m(ord, k, role, author, created_at, tokens, data, tsv, tool, tl," \
+	"  ttl)" \
+	"  JOIN plan p ON p.ord = m.ord" \
+	"  RETURNING sid, " RECORD_LEN " AS len, tsv_len, tsv_tool_len)," \
+	" words AS (SELECT sid, count(*) FILTER (WHERE tsv_len > 0) AS td," \
+	"  sum(tsv_len) AS tl," \
+	"  count(*) FILTER (WHERE tsv_len + tsv_tool_len > 0) AS ad," \
+	"  sum(tsv_len + tsv_tool_len) AS al FROM ins GROUP BY sid)," \
+	" agg AS (SELECT p.sid, max(p.rev) AS rev, max(p.base + p.n) AS last_seq," \
+	"  sum(p.n)::int8 AS n, sum(p.tokens)::int8 AS tokens," \
+	"  min(p.base) + 1 AS first_new," \
+	"  (SELECT sum(len) FROM ins WHERE ins.sid = p.sid)::int8 AS bytes" \
+	"  FROM plan p GROUP BY p.sid)," \
+	" upd AS (UPDATE sessions AS s SET revision = a.rev," \
+	"  last_seq = a.last_seq, message_count = s.message_count + a.n," \
+	"  token_total = s.token_total + a.tokens," \
+	"  bytes_total = s.bytes_total + a.bytes," \
+	"  first_seq = CASE WHEN s.first_seq = 0 THEN a.first_new" \
+	"  ELSE s.first_seq END," \
+	"  text_docs = s.text_docs + w.td, text_len = s.text_len + w.tl," \
+	"  any_docs = s.any_docs + w.ad, any_len = s.any_len + w.al" \
+	"  FROM agg a JOIN words w ON w.sid = a.sid" \
+	"  WHERE s.sid = a.sid RETURNING s.sid)"
+
 const char *const pg_stmt_sql[ST_COUNT] = {
 	[ST_SESSION_GET] =
 	"SELECT " PG_SESSION_COLS " FROM sessions s"
@@ -284,6 +373,22 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" $6::timestamptz, 1)"
 	" RETURNING " PG_SESSION_COLS,
 
+	/* As ST_SESSION_CREATE, under the tenant's lock (ST_TENANT_LOCK, an
+	 * earlier statement of the transaction, so that this one's snapshot
+	 * sees every create committed before it), only while the tenant has
+	 * fewer than $7 sessions. Always one row: the tenant's sessions
+	 * before, what is taken (TAKEN), and the new session's columns (NULL
+	 * when not created). */
+	[ST_SESSION_CREATE_LIMITED] =
+	"WITH n AS (SELECT count(*) AS n FROM sessions WHERE tenant = $1::text),"
+	" ins AS (INSERT INTO sessions AS s (tenant, id, context_keys, labels,"
+	"  config, created_at, updated_at, revision)"
+	"  SELECT $1::text, $2::text, $3::jsonb, $4::jsonb, $5::bytea,"
+	"  $6::timestamptz, $6::timestamptz, 1 FROM n WHERE n.n < $7::int8"
+	"  RETURNING " PG_SESSION_COLS ")"
+	" SELECT n.n, " TAKEN("n.n < $7::int8") ", ins.*"
+	" FROM n LEFT JOIN ins ON true",
+
 	[ST_SESSION_BY_KEYS] =
 	"SELECT " PG_SESSION_COLS " FROM sessions s"
 	" WHERE s.tenant = $1 AND s.context_keys = $2::jsonb",
@@ -297,6 +402,28 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" ON CONFLICT (tenant, context_keys) WHERE context_keys IS NOT NULL"
 	" DO NOTHING"
 	" RETURNING " PG_SESSION_COLS,
+
+	/* As ST_SESSION_RESOLVE, limited as ST_SESSION_CREATE_LIMITED (same
+	 * row; taken: only the id, as resolve finds a holder of the keys). */
+	[ST_SESSION_RESOLVE_LIMITED] =
+	"WITH n AS (SELECT count(*) AS n FROM sessions WHERE tenant = $1::text),"
+	" ins AS (INSERT INTO sessions AS s (tenant, id, context_keys, labels,"
+	"  config, created_at, updated_at, revision)"
+	"  SELECT $1::text, $2::text, $3::jsonb, $4::jsonb, $5::bytea,"
+	"  $6::timestamptz, $6::timestamptz, 1 FROM n WHERE n.n < $7::int8"
+	"  ON CONFLICT (tenant, context_keys) WHERE context_keys IS NOT NULL"
+	"  DO NOTHING"
+	"  RETURNING " PG_SESSION_COLS ")"
+	" SELECT n.n, CASE WHEN n.n < $7::int8 THEN 0"
+	"  WHEN EXISTS (SELECT 1 FROM sessions WHERE tenant = $1::text"
+	"  AND id = $2::text) THEN 1 ELSE 0 END, ins.*"
+	" FROM n LEFT JOIN ins ON true",
+
+	/* Serializes the creates of one tenant ($1) when sessions per tenant
+	 * are limited, on every replica, until the transaction ends. Tenants
+	 * whose hashes collide only wait for each other. */
+	[ST_TENANT_LOCK] =
+	"SELECT 1 FROM pg_advisory_xact_lock(" TENANT_LOCK_CLASS ", hashtext($1))",
 
 	[ST_SESSION_LOCK] =
 	"SELECT sid, revision, last_seq, cleared_to_seq FROM sessions"
@@ -366,6 +493,50 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" clear_revision = revision + 1"
 	" WHERE sid = $1::int8 RETURNING revision, cleared_to_seq",
 
+	/* Whether truncate ($1 tenant, $2 id, $3 up_to_seq) has anything to
+	 * delete: a message at or below the seq that is not a system one.
+	 * Run after the session row is locked (a statement of its own: its
+	 * snapshot sees the appends the lock waited for). */
+	[ST_TRUNCATE_PROBE] =
+	"SELECT EXISTS (SELECT 1 FROM messages WHERE sid = (SELECT sid"
+	" FROM sessions WHERE tenant = $1 AND id = $2) AND seq <= $3::int8"
+	" AND role <> " ROLE_SYSTEM ")",
+
+	/* $1 sid, $2 up_to_seq, $3 the new revision. Deletes the messages at
+	 * or below the seq that are not system ones (their vectors are
+	 * columns), the tool calls they issued, the summaries covering no
+	 * later seq; the stats drop by what was deleted. The statement sees
+	 * the rows as before its deletes: first_seq is the first row that
+	 * stays. */
+	[ST_TRUNCATE] =
+	"WITH d AS (DELETE FROM messages WHERE sid = $1::int8 AND seq <= $2::int8"
+	"  AND role <> " ROLE_SYSTEM
+	"  RETURNING seq, token_estimate, " RECORD_LEN " AS len, tsv_len,"
+	"  tsv_tool_len),"
+	" t AS (DELETE FROM tool_calls WHERE sid = $1::int8"
+	"  AND call_seq IN (SELECT seq FROM d)),"
+	" u AS (DELETE FROM summaries WHERE sid = $1::int8"
+	"  AND covers_to_seq <= $2::int8 RETURNING 1),"
+	" a AS (SELECT count(*) AS n, coalesce(sum(token_estimate), 0) AS tokens,"
+	"  coalesce(sum(len), 0) AS bytes,"
+	"  count(*) FILTER (WHERE tsv_len > 0) AS td,"
+	"  coalesce(sum(tsv_len), 0) AS tl,"
+	"  count(*) FILTER (WHERE tsv_len + tsv_tool_len > 0) AS ad,"
+	"  coalesce(sum(tsv_len + tsv_tool_len), 0) AS al FROM d)"
+	" UPDATE sessions AS s SET revision = $3::int8,"
+	" cleared_to_seq = greatest(s.cleared_to_seq, $2::int8),"
+	" message_count = s.message_count - a.n,"
+	" token_total = s.token_total - a.tokens,"
+	" bytes_total = s.bytes_total - a.bytes,"
+	" first_seq = coalesce((SELECT m.seq FROM messages m WHERE m.sid = $1::int8"
+	"  AND (m.seq > $2::int8 OR m.role = " ROLE_SYSTEM ")"
+	"  ORDER BY m.seq LIMIT 1), 0),"
+	" summary_count = s.summary_count - (SELECT count(*) FROM u),"
+	" text_docs = s.text_docs - a.td, text_len = s.text_len - a.tl,"
+	" any_docs = s.any_docs - a.ad, any_len = s.any_len - a.al,"
+	" truncate_revision = $3::int8"
+	" FROM a WHERE s.sid = $1::int8 RETURNING s.revision, s.cleared_to_seq",
+
 	/* $1 sid, $2 new revision, $3 covers_to_seq, $4 tokens, $5 data */
 	[ST_SUMMARY_PUT] =
 	"WITH ins AS (INSERT INTO summaries (sid, revision, covers_to_seq,"
@@ -393,6 +564,27 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" VALUES ($1, $2, $3::jsonb, $4::jsonb, $5::bytea, $6::timestamptz,"
 	" $6::timestamptz, 1, $7::int8, $8::int8)"
 	" RETURNING sid",
+
+	/* As ST_FORK_CREATE, limited as ST_SESSION_CREATE_LIMITED ($9 the
+	 * limit): the tenant's sessions before, what is taken, the new sid
+	 * (NULL when not created). */
+	[ST_FORK_CREATE_LIMITED] =
+	"WITH n AS (SELECT count(*) AS n FROM sessions WHERE tenant = $1::text),"
+	" ins AS (INSERT INTO sessions (tenant, id, context_keys, labels, config,"
+	"  created_at, updated_at, revision, last_seq, cleared_to_seq)"
+	"  SELECT $1::text, $2::text, $3::jsonb, $4::jsonb, $5::bytea,"
+	"  $6::timestamptz, $6::timestamptz, 1, $7::int8, $8::int8"
+	"  FROM n WHERE n.n < $9::int8 RETURNING sid)"
+	" SELECT n.n, " TAKEN("n.n < $9::int8") ", ins.sid"
+	" FROM n LEFT JOIN ins ON true",
+
+	/* What a fork of ($1 tenant, $2 id) up to seq $3 would hold: its
+	 * messages and their record bytes (after ST_FORK_SOURCE locked the
+	 * source). */
+	[ST_FORK_SIZE] =
+	"SELECT count(*), coalesce(sum(" RECORD_LEN "), 0)::int8 FROM messages"
+	" WHERE sid = (SELECT sid FROM sessions WHERE tenant = $1 AND id = $2)"
+	" AND seq <= $3::int8",
 
 	/* $1 source sid, $2 fork sid, $3 up_to_seq. Copied messages are at
 	 * revision 1 (the fork's); copied summaries at revisions <= 0 in
@@ -442,8 +634,7 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	 * tsv_tool, $14 tsv_len, $15 tsv_tool_len (per message);
 	 * (The notice goes in a transaction of its own: ST_NOTIFY_SESSIONS.) */
 	[ST_FAST_APPEND] =
-	"WITH req AS (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[],"
-	"  $4::int8[]) WITH ORDINALITY AS r(tenant, id, n, tokens, ord)),"
+	FAST_REQ
 	" locked AS (SELECT l.* FROM (SELECT DISTINCT tenant COLLATE \"C\" AS"
 	"  tenant, id COLLATE \"C\" AS id FROM req ORDER BY 1, 2) k,"
 	"  LATERAL (SELECT s.sid, s.tenant, s.id, s.revision, s.last_seq"
@@ -454,38 +645,50 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	"  l.revision + row_number() OVER w AS rev"
 	"  FROM req r JOIN locked l ON l.tenant = r.tenant AND l.id = r.id"
 	"  WINDOW w AS (PARTITION BY l.sid ORDER BY r.ord)),"
-	" ins AS (INSERT INTO messages (sid, seq, revision, role, author,"
-	"  created_at, token_estimate, data, tsv, tsv_tool, tsv_len,"
-	"  tsv_tool_len)"
-	"  SELECT p.sid, p.base + m.k, p.rev, m.role, m.author, m.created_at,"
-	"  m.tokens, m.data, m.tsv::tsvector, m.tool::tsvector, m.tl, m.ttl"
-	"  FROM unnest($5::int8[], $6::int8[], $7::int2[], $8::text[],"
-	"  $9::timestamptz[], $10::int4[], $11::bytea[], $12::text[],"
-	"  $13::text[], $14::int4[], $15::int4[])"
-	"  AS m(ord, k, role, author, created_at, tokens, data, tsv, tool, tl,"
-	"  ttl)"
-	"  JOIN plan p ON p.ord = m.ord"
-	"  RETURNING sid, " RECORD_LEN " AS len, tsv_len, tsv_tool_len),"
-	" words AS (SELECT sid, count(*) FILTER (WHERE tsv_len > 0) AS td,"
-	"  sum(tsv_len) AS tl,"
-	"  count(*) FILTER (WHERE tsv_len + tsv_tool_len > 0) AS ad,"
-	"  sum(tsv_len + tsv_tool_len) AS al FROM ins GROUP BY sid),"
-	" agg AS (SELECT p.sid, max(p.rev) AS rev, max(p.base + p.n) AS last_seq,"
-	"  sum(p.n)::int8 AS n, sum(p.tokens)::int8 AS tokens,"
-	"  min(p.base) + 1 AS first_new,"
-	"  (SELECT sum(len) FROM ins WHERE ins.sid = p.sid)::int8 AS bytes"
-	"  FROM plan p GROUP BY p.sid),"
-	" upd AS (UPDATE sessions AS s SET revision = a.rev,"
-	"  last_seq = a.last_seq, message_count = s.message_count + a.n,"
-	"  token_total = s.token_total + a.tokens,"
-	"  bytes_total = s.bytes_total + a.bytes,"
-	"  first_seq = CASE WHEN s.first_seq = 0 THEN a.first_new"
-	"  ELSE s.first_seq END,"
-	"  text_docs = s.text_docs + w.td, text_len = s.text_len + w.tl,"
-	"  any_docs = s.any_docs + w.ad, any_len = s.any_len + w.al"
-	"  FROM agg a JOIN words w ON w.sid = a.sid"
-	"  WHERE s.sid = a.sid RETURNING s.sid)"
+	FAST_WRITE
 	" SELECT p.ord, p.sid, p.base, p.rev FROM plan p",
+
+	/*
+	 * ST_FAST_APPEND when the session size is limited: per session, the
+	 * requests in order while the session would hold at most $17
+	 * messages and $18 record bytes (0: no limit) are applied; from the
+	 * first that would not fit on, none (the caller runs those again,
+	 * each checked after the others). $16: the packed length of each
+	 * message (record bytes: that, the seq key and its varint). One row
+	 * per request whose session exists: ordinal, sid, base, revision
+	 * (NULL when not applied), applied, and the messages and bytes the
+	 * session would hold with it and the requests before it.
+	 */
+	[ST_FAST_APPEND_LIMITED] =
+	FAST_REQ
+	" locked AS (SELECT l.* FROM (SELECT DISTINCT tenant COLLATE \"C\" AS"
+	"  tenant, id COLLATE \"C\" AS id FROM req ORDER BY 1, 2) k,"
+	"  LATERAL (SELECT s.sid, s.tenant, s.id, s.revision, s.last_seq,"
+	"  s.message_count, s.bytes_total"
+	"  FROM sessions s WHERE s.tenant = k.tenant AND s.id = k.id"
+	"  FOR UPDATE) l),"
+	" pre AS (SELECT r.ord, l.sid, r.n, r.tokens, l.revision,"
+	"  l.message_count, l.bytes_total,"
+	"  (l.last_seq + sum(r.n) OVER w - r.n)::int8 AS base"
+	"  FROM req r JOIN locked l ON l.tenant = r.tenant AND l.id = r.id"
+	"  WINDOW w AS (PARTITION BY l.sid ORDER BY r.ord)),"
+	" lens AS (SELECT x.ord, sum(x.len + 1 + " VARINT_LEN("(p.base + x.k)")
+	"  )::int8 AS bytes"
+	"  FROM unnest($5::int8[], $6::int8[], $16::int4[]) AS x(ord, k, len)"
+	"  JOIN pre p ON p.ord = x.ord GROUP BY x.ord),"
+	" cum AS (SELECT p.*, p.message_count + sum(p.n) OVER w AS cn,"
+	"  p.bytes_total + sum(g.bytes) OVER w AS cb"
+	"  FROM pre p JOIN lens g ON g.ord = p.ord"
+	"  WINDOW w AS (PARTITION BY p.sid ORDER BY p.ord)),"
+	" fit AS (SELECT c.*, bool_and(($17::int8 = 0 OR c.cn <= $17::int8)"
+	"  AND ($18::int8 = 0 OR c.cb <= $18::int8))"
+	"  OVER (PARTITION BY c.sid ORDER BY c.ord) AS ok FROM cum c),"
+	" plan AS (SELECT f.ord, f.sid, f.n, f.tokens, f.base,"
+	"  f.revision + row_number() OVER (PARTITION BY f.sid ORDER BY f.ord)"
+	"  AS rev FROM fit f WHERE f.ok),"
+	FAST_WRITE
+	" SELECT f.ord, f.sid, f.base, p.rev, f.ok, f.cn::int8, f.cb::int8"
+	" FROM fit f LEFT JOIN plan p ON p.ord = f.ord",
 
 	/* Locks the sessions of a batch, in (tenant, id) byte order: the
 	 * same order in every batch of every replica, so no deadlock. Each
@@ -579,15 +782,16 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 
 	[ST_CATCH_UP] =
 	"SELECT 0 AS k, s.revision, s.last_seq, s.cleared_to_seq,"
-	" s.clear_revision, s.meta_revision, NULL::int4, NULL::bytea"
+	" s.clear_revision, s.meta_revision, NULL::int4, NULL::bytea,"
+	" s.truncate_revision"
 	" FROM sessions s WHERE s.sid = $1::int8"
 	" UNION ALL"
-	" (SELECT 1, m.revision, m.seq, NULL, NULL, NULL, m.token_estimate, m.data"
-	"  FROM messages m WHERE m.sid = $1::int8 AND m.seq > $2::int8"
+	" (SELECT 1, m.revision, m.seq, NULL, NULL, NULL, m.token_estimate, m.data,"
+	"  NULL FROM messages m WHERE m.sid = $1::int8 AND m.seq > $2::int8"
 	"  ORDER BY m.seq)"
 	" UNION ALL"
 	" (SELECT 2, u.revision, u.covers_to_seq, NULL, NULL, NULL,"
-	"  u.token_estimate, u.data"
+	"  u.token_estimate, u.data, NULL"
 	"  FROM summaries u WHERE u.sid = $1::int8 AND u.revision > $3::int8"
 	"  ORDER BY u.revision)",
 
@@ -609,11 +813,12 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	 * each token's count in each (a lexeme's positions are its
 	 * occurrences); df over cand, N and the average length over the
 	 * tenant (sessions' sums), as drivers/index/ computes them; then
-	 * only the scope is scored. A session's newest stored message is its
-	 * last_seq (seqs are stored contiguously up to it).
+	 * only the scope is scored. A session's newest stored message:
+	 * NEWEST_SEQ.
 	 */
 	[ST_SEARCH_LEXICAL] =
-	"WITH ten AS MATERIALIZED (SELECT s.sid, s.id, s.last_seq, s.labels,"
+	"WITH ten AS MATERIALIZED (SELECT s.sid, s.id, " NEWEST_SEQ " AS last_seq,"
+	"  s.labels,"
 	"  s.text_docs, s.text_len, s.any_docs, s.any_len"
 	"  FROM sessions s WHERE s.tenant = $1),"
 	" st AS (SELECT greatest(coalesce(sum(CASE WHEN $8::int4 = 1"
@@ -655,7 +860,8 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	 * normalized) over the scope's vectors of model $3 and dimension $8;
 	 * $4..$7, $9, $10 as in ST_SEARCH_LEXICAL. */
 	[ST_SEARCH_SEMANTIC] =
-	"WITH sc AS (SELECT sid, id, last_seq FROM sessions WHERE tenant = $1"
+	"WITH sc AS (SELECT s.sid, s.id, " NEWEST_SEQ " AS last_seq"
+	"  FROM sessions s WHERE s.tenant = $1"
 	"  AND CASE $4::int4 WHEN 1 THEN id = ANY($5::text[])"
 	"  WHEN 2 THEN labels @> $6::jsonb ELSE true END),"
 	" hit AS (SELECT m.sid, m.seq, sc.id,"

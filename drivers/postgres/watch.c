@@ -15,8 +15,9 @@
  *   statement, one snapshot) and delivers it: the messages grouped by the
  *   revision that appended them, summaries, updates; a clear or replace
  *   in the gap becomes one REPLACED (or CLEARED) event at its revision, as
- *   the Subscribe replay does. So a missed notice costs nothing but
- *   latency: the next catch-up covers it.
+ *   the Subscribe replay does; a truncate, one CLEARED with system
+ *   messages kept, after the messages that outlived it. So a missed
+ *   notice costs nothing but latency: the next catch-up covers it.
  * - after its connection was lost (PostgreSQL restarted, network), it
  *   reconnects, tells the pool to reconnect (generation), and catches up
  *   every tracked session whose revision moved.
@@ -71,6 +72,7 @@ typedef struct pending {
 	enum histd_change_kind kind;
 	uint64_t revision;
 	uint64_t cleared_to_seq;
+	int system_kept;
 	uint64_t last_seq;
 	histd_records recs;
 	int has_records;
@@ -356,6 +358,7 @@ deliver_pending(struct pg_watch *w, wentry *e, pending *p)
 					     : (const histd_record *)p)
 					  : NULL,
 		.n_records = p->recs.n, .session = p->session,
+		.system_kept = p->system_kept,
 	};
 
 	deliver(w, e, &c, p->last_seq);
@@ -398,6 +401,7 @@ hold(struct pg_watch *w, wentry *e, const histd_change *c, uint64_t last_seq)
 	p->kind = c->kind;
 	p->revision = c->revision;
 	p->cleared_to_seq = c->cleared_to_seq;
+	p->system_kept = c->system_kept;
 	p->last_seq = last_seq;
 	p->at_us = histd_mono_us();
 	p->has_records = c->records != NULL;
@@ -559,7 +563,21 @@ typedef struct event {
 	uint64_t last_seq;
 	size_t first, n;        /* records in the catch-up's list */
 	int summary;            /* records from the summary list */
+	int system_kept;        /* CLEARED by a truncate */
 } event;
+
+/* Appends e to the list; 0 or -1 (out of memory). */
+static int
+event_add(event **ev, size_t *n, const event *e)
+{
+	event *ne = realloc(*ev, (*n + 1) * sizeof(*ne));
+
+	if (!ne)
+		return -1;
+	*ev = ne;
+	ne[(*n)++] = *e;
+	return 0;
+}
 
 static int
 event_cmp(const void *a, const void *b)
@@ -587,6 +605,7 @@ catch_up(pg_driver *d, int64_t sid)
 	histd_session *session = NULL;
 	int found = 0, rc;
 	uint64_t R = 0, last_seq = 0, cleared = 0, clear_rev = 0, meta_rev = 0;
+	uint64_t trunc_rev = 0;
 
 	pthread_mutex_lock(&s->mu);
 	e = find(s, sid);
@@ -618,6 +637,7 @@ catch_up(pg_driver *d, int64_t sid)
 			cleared = (uint64_t)pg_r_i64(r, i, 3);
 			clear_rev = (uint64_t)pg_r_i64(r, i, 4);
 			meta_rev = (uint64_t)pg_r_i64(r, i, 5);
+			trunc_rev = (uint64_t)pg_r_i64(r, i, 8);
 			continue;
 		}
 		data = pg_r_str(r, i, 7, &len);
@@ -632,16 +652,12 @@ catch_up(pg_driver *d, int64_t sid)
 					       (uint32_t)pg_r_i32(r, i, 6), data, len))
 				goto oom;
 		} else {
-			event *ne = realloc(ev, (n_ev + 1) * sizeof(*ne));
-
-			if (!ne)
-				goto oom;
-			ev = ne;
-			ev[n_ev++] = (event){
+			if (event_add(&ev, &n_ev, &(event){
 				.kind = HISTD_CHANGE_SUMMARY,
 				.revision = (uint64_t)pg_r_i64(r, i, 1),
 				.first = sums.n, .n = 1, .summary = 1,
-			};
+			}))
+				goto oom;
 			if (histd_records_add(&sums, (uint64_t)pg_r_i64(r, i, 2),
 					      (uint32_t)pg_r_i32(r, i, 6),
 					      (const uint8_t *)data, len))
@@ -654,8 +670,30 @@ catch_up(pg_driver *d, int64_t sid)
 	if (found) {
 		uint64_t floor = L;
 		int cleared_since = cleared > C && clear_rev > L;
+		/* A truncate after any clear or replace of the gap. */
+		int truncated_since = trunc_rev > L && trunc_rev > clear_rev;
 
-		if (cleared_since) {
+		if (cleared_since && truncated_since) {
+			/* A clear or replace, then a truncate: the session holds
+			 * only messages stored since the clear (all seq > Q),
+			 * some of them system messages at or below
+			 * cleared_to_seq. One REPLACED at the truncate, with
+			 * those stored by then (a prefix: seqs and revisions
+			 * grow together), says exactly that. */
+			size_t n = 0;
+
+			while (n < msgs.n && msg_rev[n] <= trunc_rev)
+				n++;
+			if (event_add(&ev, &n_ev, &(event){
+				.kind = HISTD_CHANGE_REPLACED,
+				.revision = trunc_rev, .cleared_to_seq = cleared,
+				.first = 0, .n = n,
+				.last_seq = n && msgs.v[n - 1].seq > cleared
+					    ? msgs.v[n - 1].seq : cleared,
+			}))
+				goto oom;
+			floor = trunc_rev;
+		} else if (cleared_since) {
 			/* A clear or replace in the gap: the session now holds
 			 * its messages and what came after. */
 			size_t first = msgs.n, n = 0;
@@ -666,36 +704,37 @@ catch_up(pg_driver *d, int64_t sid)
 						first = i;
 					n++;
 				}
-			event *ne = realloc(ev, (n_ev + 1) * sizeof(*ne));
-
-			if (!ne)
-				goto oom;
-			ev = ne;
-			ev[n_ev++] = (event){
+			if (event_add(&ev, &n_ev, &(event){
 				.kind = n ? HISTD_CHANGE_REPLACED : HISTD_CHANGE_CLEARED,
 				.revision = clear_rev, .cleared_to_seq = cleared,
 				.first = n ? first : 0, .n = n,
 				.last_seq = n ? msgs.v[first + n - 1].seq : cleared,
-			};
+			}))
+				goto oom;
 			floor = clear_rev;
+		} else if (truncated_since) {
+			/* Truncates in the gap: the messages that outlived them
+			 * at the revisions that appended them (below), and one
+			 * CLEARED at the last, keeping system messages. */
+			if (event_add(&ev, &n_ev, &(event){
+				.kind = HISTD_CHANGE_CLEARED, .revision = trunc_rev,
+				.cleared_to_seq = cleared, .last_seq = cleared,
+				.system_kept = 1,
+			}))
+				goto oom;
 		}
 		for (size_t i = 0; i < msgs.n;) {
 			size_t j = i;
 
 			while (j < msgs.n && msg_rev[j] == msg_rev[i])
 				j++;
-			if (msg_rev[i] > floor) {
-				event *ne = realloc(ev, (n_ev + 1) * sizeof(*ne));
-
-				if (!ne)
-					goto oom;
-				ev = ne;
-				ev[n_ev++] = (event){
+			if (msg_rev[i] > floor &&
+			    event_add(&ev, &n_ev, &(event){
 					.kind = HISTD_CHANGE_APPENDED,
 					.revision = msg_rev[i], .first = i, .n = j - i,
 					.last_seq = msgs.v[j - 1].seq,
-				};
-			}
+				}))
+				goto oom;
 			i = j;
 		}
 		/* Summaries before a clear in the gap are gone with it. */
@@ -709,15 +748,12 @@ catch_up(pg_driver *d, int64_t sid)
 			if ((rc = pg_exec(d, &w->conn, ST_SESSION_GET_SID, &sp, &sr, NULL)))
 				goto out;
 			if (PQntuples(sr) == 1 &&
-			    pg_row_session(sr, 0, 0, &session, NULL) == 0) {
-				event *ne = realloc(ev, (n_ev + 1) * sizeof(*ne));
-
-				if (!ne)
-					goto oom;
-				ev = ne;
-				ev[n_ev++] = (event){ .kind = HISTD_CHANGE_UPDATED,
-						      .revision = meta_rev };
-			}
+			    pg_row_session(sr, 0, 0, &session, NULL) == 0 &&
+			    event_add(&ev, &n_ev, &(event){
+					.kind = HISTD_CHANGE_UPDATED,
+					.revision = meta_rev,
+				}))
+				goto oom;
 		}
 		if (n_ev > 1)
 			qsort(ev, n_ev, sizeof(*ev), event_cmp);
@@ -735,6 +771,7 @@ catch_up(pg_driver *d, int64_t sid)
 				.cleared_to_seq = x->cleared_to_seq ? x->cleared_to_seq
 								    : e->cleared,
 				.session = x->kind == HISTD_CHANGE_UPDATED ? session : NULL,
+				.system_kept = x->system_kept,
 			};
 
 			if (x->revision <= e->last_rev)

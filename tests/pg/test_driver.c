@@ -9,7 +9,10 @@
  * - reads planned on the primary key, whatever the session's size;
  * - two driver instances on one database behave as replicas: the second
  *   one's hook gets every change the first one makes, in revision order,
- *   with its records, also after its LISTEN connection was killed.
+ *   with its records, also after its LISTEN connection was killed;
+ *   truncates reach it as CLEARED keeping system messages, also when it
+ *   catches up on changes it missed;
+ * - limits hold for writes racing on two instances.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -106,7 +109,8 @@ create(histd_driver *d, const char *id)
 
 /* A packed message, seq 0, with role, author, created_at and text. */
 static uint8_t *
-pack_message(const char *text, const char *author, int64_t secs, size_t *len)
+pack_message_as(Histd__V1__Role role, const char *text, const char *author,
+		int64_t secs, size_t *len)
 {
 	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT;
 	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT;
@@ -118,7 +122,7 @@ pack_message(const char *text, const char *author, int64_t secs, size_t *len)
 	t.text = (char *)text;
 	b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
 	b.text = &t;
-	m.role = HISTD__V1__ROLE__ROLE_ASSISTANT;
+	m.role = role;
 	m.n_content = 1;
 	m.content = blocks;
 	m.author = (char *)author;
@@ -134,12 +138,20 @@ pack_message(const char *text, const char *author, int64_t secs, size_t *len)
 	return out;
 }
 
+static uint8_t *
+pack_message(const char *text, const char *author, int64_t secs, size_t *len)
+{
+	return pack_message_as(HISTD__V1__ROLE__ROLE_ASSISTANT, text, author, secs,
+			       len);
+}
+
+/* Appends one message of that role (a plain append: the fast path). */
 static int
-append_text(histd_driver *d, const char *id, const char *text,
-	    histd_append_result *res)
+append_as(histd_driver *d, const char *id, Histd__V1__Role role,
+	  const char *text, histd_append_result *res)
 {
 	size_t len;
-	uint8_t *data = pack_message(text, "planner", 0, &len);
+	uint8_t *data = pack_message_as(role, text, "planner", 0, &len);
 	histd_msg_in m = { .data = data, .len = len, .token_estimate = 7 };
 	histd_append a = { .tenant = "t", .session_id = id, .msgs = &m,
 			   .n_msgs = 1, .now_us = histd_now_us() };
@@ -148,6 +160,13 @@ append_text(histd_driver *d, const char *id, const char *text,
 
 	free(data);
 	return rc;
+}
+
+static int
+append_text(histd_driver *d, const char *id, const char *text,
+	    histd_append_result *res)
+{
+	return append_as(d, id, HISTD__V1__ROLE__ROLE_ASSISTANT, text, res);
 }
 
 /* ------------------------------------------------------------------------
@@ -387,10 +406,36 @@ reads_and_lists_use_indexes_not_scans(void **state)
 	assert_non_null(strstr(plan, "sessions_tenant_id"));
 	assert_null(strstr(plan, "Seq Scan"));
 	free(plan);
+	plan = plan_of(f->dsn, pg_stmt_sql[ST_FAST_APPEND_LIMITED],
+		       "'{t}', '{big}', '{1}', '{1}', '{1}', '{1}', '{2}', '{a}',"
+		       " '{2024-01-01}', '{1}', '{\"\\\\x0a\"}', '{\"\"}', '{NULL}',"
+		       " '{0}', '{0}', '{1}', 100, 0");
+	assert_non_null(strstr(plan, "sessions_tenant_id"));
+	assert_null(strstr(plan, "Seq Scan"));
+	free(plan);
 	plan = plan_of(f->dsn, pg_stmt_sql[ST_SESSION_LIST], "'t', 'other-5', 101");
 	assert_non_null(strstr(plan, "sessions_tenant_id"));
 	assert_null(strstr(plan, "Seq Scan"));
 	free(plan);
+	/* The count of a tenant's sessions for its limit reads the (tenant,
+	 * id) index (here a tenant among many; counting 't', most of the
+	 * table, the planner rightly scans it). */
+	plan = plan_of(f->dsn, pg_stmt_sql[ST_SESSION_CREATE_LIMITED],
+		       "'u', 'new', NULL, '{}', NULL, now(), 10");
+	assert_non_null(strstr(plan, "sessions_tenant_id"));
+	assert_null(strstr(plan, "Seq Scan"));
+	free(plan);
+	/* Truncate deletes a prefix by the primary key. */
+	{
+		char args[64];
+
+		snprintf(args, sizeof(args), "%ld, 100, 5",
+			 sql_long(f->dsn, "SELECT sid FROM sessions WHERE id = 'big'"));
+		plan = plan_of(f->dsn, pg_stmt_sql[ST_TRUNCATE], args);
+		assert_non_null(strstr(plan, "messages_pkey"));
+		assert_null(strstr(plan, "Seq Scan on messages"));
+		free(plan);
+	}
 }
 
 /* ------------------------------------------------------------------------
@@ -404,6 +449,7 @@ typedef struct seen_change {
 	uint64_t first_seq, last_seq;
 	int records_null;
 	int has_session;
+	int system_kept;
 } seen_change;
 
 typedef struct hook {
@@ -439,7 +485,10 @@ on_change(void *ctx, const histd_change *c)
 			h->next_seq = c->records[i].seq + 1;
 		}
 	}
-	if ((c->kind == HISTD_CHANGE_REPLACED || c->kind == HISTD_CHANGE_CLEARED))
+	/* A truncate clears below last_seq: appends go on after it. */
+	if ((c->kind == HISTD_CHANGE_REPLACED || c->kind == HISTD_CHANGE_CLEARED) &&
+	    (c->n_records ? c->records[c->n_records - 1].seq
+			  : c->cleared_to_seq) + 1 > h->next_seq)
 		h->next_seq = (c->n_records ? c->records[c->n_records - 1].seq
 					    : c->cleared_to_seq) + 1;
 	h->v[h->n++] = (seen_change){
@@ -449,6 +498,7 @@ on_change(void *ctx, const histd_change *c)
 		.last_seq = c->records && c->n_records ? c->records[c->n_records - 1].seq : 0,
 		.records_null = c->records == NULL,
 		.has_session = c->session != NULL,
+		.system_kept = c->system_kept,
 	};
 	pthread_cond_broadcast(&h->cv);
 	pthread_mutex_unlock(&h->mu);
@@ -637,6 +687,519 @@ own_changes_reach_the_hook_before_the_call_returns(void **state)
 	free(h.v);
 }
 
+/* ------------------------------------------------------------------------
+ * Truncate, seen by a second instance */
+
+static int
+truncate_to(histd_driver *d, const char *id, uint64_t up_to)
+{
+	uint64_t rev, cur;
+
+	return histd_driver_truncate(d, "t", id, up_to, 0, &rev, &cur);
+}
+
+static void
+truncate_reaches_the_second_instance_as_cleared_keeping_system_messages(void **state)
+{
+	fixture *f = *state;
+	histd_driver *d2;
+	hook h = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+		   .next_seq = 1 };
+	histd_append_result res;
+	uint64_t rev;
+
+	f->d = open_driver(f->dsn, 2);
+	d2 = open_driver(f->dsn, 2);
+	histd_driver_set_notify(d2, on_change, &h);
+	create(f->d, "s");
+	track(d2, "s");
+	assert_int_equal(append_as(f->d, "s", HISTD__V1__ROLE__ROLE_SYSTEM,
+				   "be brief", NULL), 0);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(append_text(f->d, "s", "w", &res), 0);
+	assert_int_equal(truncate_to(f->d, "s", 4), 0);
+	rev = revision_of(f->d, "s");
+	wait_revision(&h, rev, 10000);
+	pthread_mutex_lock(&h.mu);
+	if (h.error[0])
+		fail_msg("%s", h.error);
+	assert_int_equal(h.v[h.n - 1].kind, HISTD_CHANGE_CLEARED);
+	assert_int_equal(h.v[h.n - 1].cleared_to_seq, 4);
+	assert_int_equal(h.v[h.n - 1].system_kept, 1);
+	pthread_mutex_unlock(&h.mu);
+	/* The stored row says so too: a truncate, not a clear. */
+	assert_int_equal(sql_long(f->dsn, "SELECT truncate_revision FROM sessions"),
+			 rev);
+	assert_int_equal(sql_long(f->dsn, "SELECT clear_revision FROM sessions"), 0);
+	/* Left: the system message (seq 1) and seq 5. */
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM messages"), 2);
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM messages"
+				  " WHERE (seq = 1 AND role = 1) OR seq = 5"), 2);
+	histd_driver_close(d2);
+	free(h.v);
+}
+
+/* What a subscriber holds, rebuilt from the changes alone: each seq's
+ * role (0: not held). */
+#define MIRROR_SEQS 256
+
+typedef struct mirror {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint64_t last_rev;
+	int role[MIRROR_SEQS];
+	int cleared_kept;        /* CLEARED changes with system_kept */
+	int replaced;
+	char error[160];
+} mirror;
+
+static int
+record_role(const histd_record *r)
+{
+	Histd__V1__Message *m = histd__v1__message__unpack(NULL, r->len, r->data);
+	int role = m ? (int)m->role : -1;
+
+	if (m)
+		histd__v1__message__free_unpacked(m, NULL);
+	return role;
+}
+
+static void
+mirror_add(mirror *m, const histd_change *c)
+{
+	if (!c->records && c->n_records && !m->error[0])
+		snprintf(m->error, sizeof(m->error), "revision %" PRIu64
+			 " came without its records", c->revision);
+	for (size_t i = 0; c->records && i < c->n_records; i++) {
+		uint64_t seq = c->records[i].seq;
+
+		if (seq >= MIRROR_SEQS || m->role[seq]) {
+			if (!m->error[0])
+				snprintf(m->error, sizeof(m->error), "seq %" PRIu64
+					 " delivered twice or out of range", seq);
+			continue;
+		}
+		m->role[seq] = record_role(&c->records[i]);
+	}
+}
+
+static void
+mirror_change(void *ctx, const histd_change *c)
+{
+	mirror *m = ctx;
+
+	pthread_mutex_lock(&m->mu);
+	if (c->revision <= m->last_rev && !m->error[0])
+		snprintf(m->error, sizeof(m->error), "revision %" PRIu64 " after %"
+			 PRIu64, c->revision, m->last_rev);
+	m->last_rev = c->revision;
+	switch (c->kind) {
+	case HISTD_CHANGE_APPENDED:
+		mirror_add(m, c);
+		break;
+	case HISTD_CHANGE_REPLACED:
+		/* Every message goes; the records are what the session holds. */
+		memset(m->role, 0, sizeof(m->role));
+		mirror_add(m, c);
+		m->replaced++;
+		break;
+	case HISTD_CHANGE_CLEARED:
+		for (uint64_t seq = 0; seq <= c->cleared_to_seq && seq < MIRROR_SEQS;
+		     seq++)
+			if (!(c->system_kept &&
+			      m->role[seq] == HISTD__V1__ROLE__ROLE_SYSTEM))
+				m->role[seq] = 0;
+		m->cleared_kept += c->system_kept;
+		break;
+	default:
+		break;
+	}
+	pthread_cond_broadcast(&m->cv);
+	pthread_mutex_unlock(&m->mu);
+}
+
+static void
+mirror_wait(mirror *m, uint64_t rev, int timeout_ms)
+{
+	int64_t give_up = histd_mono_us() + (int64_t)timeout_ms * 1000;
+
+	pthread_mutex_lock(&m->mu);
+	while (m->last_rev < rev) {
+		struct timespec ts;
+
+		if (histd_mono_us() > give_up) {
+			pthread_mutex_unlock(&m->mu);
+			fail_msg("revision %" PRIu64 " not notified within %d ms "
+				 "(have %" PRIu64 ")", rev, timeout_ms, m->last_rev);
+		}
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 50 * 1000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&m->cv, &m->mu, &ts);
+	}
+	pthread_mutex_unlock(&m->mu);
+}
+
+/* The mirror holds exactly what the session stores, with their roles. */
+static void
+expect_mirror_is_stored(mirror *m, histd_driver *d, const char *id)
+{
+	histd_read q = { .tenant = "t", .session_id = id };
+	histd_read_result r = { 0 };
+	int want[MIRROR_SEQS] = { 0 };
+
+	assert_int_equal(histd_driver_read(d, &q, &r), 0);
+	for (size_t i = 0; i < r.records.n; i++) {
+		assert_true(r.records.v[i].seq < MIRROR_SEQS);
+		want[r.records.v[i].seq] = record_role(&r.records.v[i]);
+	}
+	histd_read_result_clear(&r);
+	pthread_mutex_lock(&m->mu);
+	if (m->error[0])
+		fail_msg("%s", m->error);
+	for (int seq = 0; seq < MIRROR_SEQS; seq++)
+		if (m->role[seq] != want[seq])
+			fail_msg("seq %d: the changes say role %d, the session "
+				 "stores role %d", seq, m->role[seq], want[seq]);
+	pthread_mutex_unlock(&m->mu);
+}
+
+/* The pid of the one listener of this database not in `others` (a
+ * comma-separated list, "0" for none); 0 if there is none yet. */
+static long
+listener_pid(const char *dsn, const char *others)
+{
+	char sql[512];
+	PGresult *r;
+	long pid = 0;
+
+	snprintf(sql, sizeof(sql), "SELECT pid FROM pg_stat_activity WHERE "
+		 "application_name = 'histd listener' AND datname = "
+		 "current_database() AND pid NOT IN (%s)", others);
+	r = pgh_sql(dsn, sql);
+	assert_non_null(r);
+	if (PQntuples(r) == 1)
+		pid = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+	PQclear(r);
+	return pid;
+}
+
+/*
+ * The second instance misses notices on purpose: its listener is killed
+ * while a lock on idempotency_keys (which its reconnect prepares
+ * statements on, and which plain appends, clear and truncate never touch)
+ * holds the new listener back. The first instance writes meanwhile; once
+ * the lock goes, the second catches up on the whole gap at once. Replayed
+ * on a mirror, the changes it delivers must give what is stored: the
+ * messages that outlived a truncate, its system messages, a clear before
+ * or after it.
+ */
+static void
+a_second_instance_that_missed_truncates_catches_up_to_the_stored_session(void **state)
+{
+	fixture *f = *state;
+	histd_driver *d2;
+	mirror m = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+	const Histd__V1__Role SYS = HISTD__V1__ROLE__ROLE_SYSTEM,
+		USER = HISTD__V1__ROLE__ROLE_USER;
+	uint64_t rev, cleared;
+	histd_session *s = NULL;
+	char mine[32];
+	long pid;
+
+	/* One pooled connection: every write reuses it, none prepares. */
+	f->d = open_driver(f->dsn, 1);
+	snprintf(mine, sizeof(mine), "%ld", listener_pid(f->dsn, "0"));
+	d2 = open_driver(f->dsn, 2);
+	histd_driver_set_notify(d2, mirror_change, &m);
+	create(f->d, "s");
+	track(d2, "s");
+	assert_int_equal(append_as(f->d, "s", SYS, "be brief", NULL), 0);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(append_as(f->d, "s", USER, "u", NULL), 0);
+	assert_int_equal(truncate_to(f->d, "s", 2), 0);
+	mirror_wait(&m, revision_of(f->d, "s"), 10000);
+	expect_mirror_is_stored(&m, f->d, "s");
+	assert_int_equal(m.cleared_kept, 1);
+
+	for (int round = 0; round < 3; round++) {
+		PGconn *lk = PQconnectdb(f->dsn);
+		PGresult *r;
+		char sql[96];
+		int kept = m.cleared_kept, replaced = m.replaced;
+
+		assert_int_equal(PQstatus(lk), CONNECTION_OK);
+		r = PQexec(lk, "BEGIN; LOCK TABLE idempotency_keys IN ACCESS "
+			   "EXCLUSIVE MODE");
+		assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+		PQclear(r);
+		pid = listener_pid(f->dsn, mine);
+		assert_true(pid > 0);
+		snprintf(sql, sizeof(sql), "SELECT pg_terminate_backend(%ld, 10000)",
+			 pid);
+		PQclear(pgh_sql(f->dsn, sql));
+
+		assert_int_equal(histd_driver_session_get(f->d, "t", "s", &s), 0);
+		switch (round) {
+		case 0:
+			/* Appends, a truncate of some of them, an append. */
+			assert_int_equal(append_as(f->d, "s", USER, "a", NULL), 0);
+			assert_int_equal(append_as(f->d, "s", SYS, "b", NULL), 0);
+			assert_int_equal(append_as(f->d, "s", USER, "c", NULL), 0);
+			assert_int_equal(truncate_to(f->d, "s", s->last_seq + 2), 0);
+			assert_int_equal(append_as(f->d, "s", USER, "d", NULL), 0);
+			break;
+		case 1:
+			/* A clear, then system and user messages, a truncate
+			 * of everything: only the new system message stays. */
+			assert_int_equal(histd_driver_clear(f->d, "t", "s", 0, &rev,
+							    &cleared, NULL), 0);
+			assert_int_equal(append_as(f->d, "s", SYS, "e", NULL), 0);
+			assert_int_equal(append_as(f->d, "s", USER, "f", NULL), 0);
+			assert_int_equal(append_as(f->d, "s", USER, "g", NULL), 0);
+			assert_int_equal(truncate_to(f->d, "s", UINT64_MAX), 0);
+			break;
+		default:
+			/* A truncate, then a clear that takes the system
+			 * messages too, then an append. */
+			assert_int_equal(append_as(f->d, "s", USER, "h", NULL), 0);
+			assert_int_equal(truncate_to(f->d, "s", s->last_seq + 1), 0);
+			assert_int_equal(histd_driver_clear(f->d, "t", "s", 0, &rev,
+							    &cleared, NULL), 0);
+			assert_int_equal(append_as(f->d, "s", USER, "i", NULL), 0);
+			break;
+		}
+		histd_session_free(s);
+		s = NULL;
+		rev = revision_of(f->d, "s");
+		/* Nothing of that can have reached the second instance. */
+		pthread_mutex_lock(&m.mu);
+		assert_true(m.last_rev < rev);
+		pthread_mutex_unlock(&m.mu);
+		r = PQexec(lk, "COMMIT");
+		PQclear(r);
+		PQfinish(lk);
+		mirror_wait(&m, rev, 15000);
+		expect_mirror_is_stored(&m, f->d, "s");
+		/* The catch-up took the path this round is about. */
+		if (round == 0)
+			assert_int_equal(m.cleared_kept, kept + 1);
+		if (round == 1)
+			assert_int_equal(m.replaced, replaced + 1);
+		if (round == 2)
+			assert_int_equal(m.cleared_kept, kept);
+		/* Its listener is back before the next round kills it. */
+		for (int i = 0; i < 200 && !listener_pid(f->dsn, mine); i++)
+			usleep(25000);
+	}
+	/* And live notices again. */
+	assert_int_equal(append_as(f->d, "s", USER, "j", NULL), 0);
+	assert_int_equal(append_as(f->d, "s", USER, "k", NULL), 0);
+	assert_int_equal(histd_driver_session_get(f->d, "t", "s", &s), 0);
+	assert_int_equal(truncate_to(f->d, "s", s->last_seq - 1), 0);
+	histd_session_free(s);
+	mirror_wait(&m, revision_of(f->d, "s"), 10000);
+	expect_mirror_is_stored(&m, f->d, "s");
+	histd_driver_close(d2);
+}
+
+/* ------------------------------------------------------------------------
+ * Limits, on two instances at once */
+
+static histd_driver *
+open_limited(const char *dsn, uint64_t sessions, uint64_t msgs)
+{
+	histd_driver_config cfg = {
+		.dsn = dsn, .pool_size = 4, .max_sessions_per_tenant = sessions,
+		.max_session_messages = msgs,
+	};
+	histd_driver *d = NULL;
+
+	if (histd_driver_open("postgres", &cfg, &d))
+		fail_msg("open: %s", histd_error_message());
+	return d;
+}
+
+typedef struct creator {
+	histd_driver *d;
+	int id;
+	pthread_barrier_t *go;
+	int ok, limited, other;
+	char error[160];
+} creator;
+
+static void
+count_result(creator *c, int rc, const char *want)
+{
+	if (rc == 0)
+		c->ok++;
+	else if (rc == HISTD_ELIMIT && strstr(histd_error_message(), want))
+		c->limited++;
+	else if (!c->other++)
+		snprintf(c->error, sizeof(c->error), "%d: %s", rc,
+			 histd_error_message());
+}
+
+/* A create, a resolve of new keys and a fork, each a new session. */
+static void *
+create_three(void *arg)
+{
+	creator *c = arg;
+	char id[3][32], key[16];
+	histd_kv kv = { "who", key };
+	histd_session in = { .tenant = "t", .created_at_us = histd_now_us() },
+		*out = NULL;
+	int created = 0;
+
+	for (int i = 0; i < 3; i++)
+		snprintf(id[i], sizeof(id[i]), "c%d-%d", c->id, i);
+	snprintf(key, sizeof(key), "k%d", c->id);
+	pthread_barrier_wait(c->go);
+	in.id = id[0];
+	count_result(c, histd_driver_session_create(c->d, &in, &out),
+		     "the limit is 5");
+	histd_session_free(out);
+	out = NULL;
+	in.id = id[1];
+	in.context_keys = &kv;
+	in.n_context_keys = 1;
+	count_result(c, histd_driver_session_resolve(c->d, &in, &out, &created),
+		     "the limit is 5");
+	histd_session_free(out);
+	out = NULL;
+	in.id = id[2];
+	in.context_keys = NULL;
+	in.n_context_keys = 0;
+	count_result(c, histd_driver_session_fork(c->d, "t", "base", 0, &in, &out),
+		     "the limit is 5");
+	histd_session_free(out);
+	return NULL;
+}
+
+static void
+sessions_per_tenant_limit_holds_for_creates_racing_on_two_instances(void **state)
+{
+	enum { THREADS = 8, LIMIT = 5 };
+	fixture *f = *state;
+	histd_driver *d2;
+	pthread_t th[THREADS];
+	creator c[THREADS];
+	pthread_barrier_t go;
+	int ok = 0, limited = 0;
+
+	f->d = open_limited(f->dsn, LIMIT, 0);
+	d2 = open_limited(f->dsn, LIMIT, 0);
+	create(f->d, "base");
+	assert_int_equal(append_text(f->d, "base", "forked", NULL), 0);
+	pthread_barrier_init(&go, NULL, THREADS);
+	for (int i = 0; i < THREADS; i++) {
+		c[i] = (creator){ .d = i % 2 ? d2 : f->d, .id = i, .go = &go };
+		assert_int_equal(pthread_create(&th[i], NULL, create_three, &c[i]), 0);
+	}
+	for (int i = 0; i < THREADS; i++) {
+		pthread_join(th[i], NULL);
+		if (c[i].other)
+			fail_msg("creator %d: %s", i, c[i].error);
+		ok += c[i].ok;
+		limited += c[i].limited;
+	}
+	pthread_barrier_destroy(&go);
+	assert_int_equal(ok, LIMIT - 1);
+	assert_int_equal(limited, 3 * THREADS - (LIMIT - 1));
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM sessions"), LIMIT);
+	histd_driver_close(d2);
+}
+
+typedef struct sizer {
+	histd_driver *d;
+	int id, n;
+	int msgs, limited, other;
+	char error[160];
+} sizer;
+
+/* Plain appends of 1..3 messages (one batch per call). */
+static void *
+append_sizes(void *arg)
+{
+	sizer *z = arg;
+
+	for (int i = 0; i < z->n; i++) {
+		size_t k = 1 + (size_t)(z->id + i) % 3, len[3];
+		uint8_t *data[3];
+		histd_msg_in m[3];
+		histd_append a = { .tenant = "t", .session_id = "s", .msgs = m,
+				   .n_msgs = k, .now_us = histd_now_us() };
+		histd_append_result res;
+		int rc;
+
+		for (size_t j = 0; j < k; j++) {
+			data[j] = pack_message("sized", "", 0, &len[j]);
+			m[j] = (histd_msg_in){ .data = data[j], .len = len[j],
+					       .token_estimate = 1 };
+		}
+		rc = histd_driver_append(z->d, &a, &res);
+		if (rc == 0)
+			z->msgs += (int)k;
+		else if (rc == HISTD_ELIMIT &&
+			 strstr(histd_error_message(), "messages; the limit is 40"))
+			z->limited++;
+		else if (!z->other++)
+			snprintf(z->error, sizeof(z->error), "%d: %s", rc,
+				 histd_error_message());
+		for (size_t j = 0; j < k; j++)
+			free(data[j]);
+	}
+	return NULL;
+}
+
+static void
+session_size_limit_holds_for_appends_racing_on_two_instances(void **state)
+{
+	enum { THREADS = 8, EACH = 10, LIMIT = 40 };
+	fixture *f = *state;
+	histd_driver *d2;
+	pthread_t th[THREADS];
+	sizer z[THREADS];
+	histd_session *s = NULL;
+	int msgs = 0, limited = 0, rc;
+
+	f->d = open_limited(f->dsn, 0, LIMIT);
+	d2 = open_limited(f->dsn, 0, LIMIT);
+	create(f->d, "s");
+	for (int i = 0; i < THREADS; i++) {
+		z[i] = (sizer){ .d = i % 2 ? d2 : f->d, .id = i, .n = EACH };
+		assert_int_equal(pthread_create(&th[i], NULL, append_sizes, &z[i]), 0);
+	}
+	for (int i = 0; i < THREADS; i++) {
+		pthread_join(th[i], NULL);
+		if (z[i].other)
+			fail_msg("appender %d: %s", i, z[i].error);
+		msgs += z[i].msgs;
+		limited += z[i].limited;
+	}
+	assert_true(msgs <= LIMIT);
+	assert_true(limited > 0);
+	/* Single messages fill it to the limit exactly, then no more. */
+	while ((rc = append_text(f->d, "s", "last", NULL)) == 0)
+		msgs++;
+	assert_int_equal(rc, HISTD_ELIMIT);
+	assert_int_equal(msgs, LIMIT);
+	assert_int_equal(histd_driver_session_get(d2, "t", "s", &s), 0);
+	assert_int_equal(s->message_count, LIMIT);
+	assert_int_equal(s->last_seq, LIMIT);
+	histd_session_free(s);
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM messages"), LIMIT);
+	/* A truncate makes room. */
+	assert_int_equal(truncate_to(d2, "s", 10), 0);
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(append_text(f->d, "s", "room", NULL), 0);
+	assert_int_equal(append_text(d2, "s", "over", NULL), HISTD_ELIMIT);
+	histd_driver_close(d2);
+}
+
 int
 main(void)
 {
@@ -651,6 +1214,10 @@ main(void)
 		T(second_instance_gets_every_change_of_the_first_in_order),
 		T(second_instance_catches_up_after_its_listener_was_killed),
 		T(own_changes_reach_the_hook_before_the_call_returns),
+		T(truncate_reaches_the_second_instance_as_cleared_keeping_system_messages),
+		T(a_second_instance_that_missed_truncates_catches_up_to_the_stored_session),
+		T(sessions_per_tenant_limit_holds_for_creates_racing_on_two_instances),
+		T(session_size_limit_holds_for_appends_racing_on_two_instances),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, NULL);

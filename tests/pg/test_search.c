@@ -381,13 +381,16 @@ messages_stored_before_version_2_are_searchable_after_start(void **state)
 	sql_ok(f->dsn, "ALTER TABLE messages DROP COLUMN tsv, DROP COLUMN tsv_tool,"
 	       " DROP COLUMN tsv_len, DROP COLUMN tsv_tool_len,"
 	       " DROP COLUMN embedding, DROP COLUMN embedding_model");
+	/* And what later migrations added, as a version 1 database has none
+	 * of it. */
 	sql_ok(f->dsn, "ALTER TABLE sessions DROP COLUMN text_docs,"
-	       " DROP COLUMN text_len, DROP COLUMN any_docs, DROP COLUMN any_len");
+	       " DROP COLUMN text_len, DROP COLUMN any_docs, DROP COLUMN any_len,"
+	       " DROP COLUMN truncate_revision");
 	sql_ok(f->dsn, "UPDATE histd_schema SET version = 1");
 
 	f->d = open_pg(f->dsn);
-	assert_string_equal(sql_text(f->dsn, "SELECT version FROM histd_schema",
-				     buf, sizeof(buf)), "2");
+	assert_int_equal(atoi(sql_text(f->dsn, "SELECT version FROM histd_schema",
+				       buf, sizeof(buf))), PG_SCHEMA_VERSION);
 	assert_string_equal(sql_text(f->dsn, "SELECT count(*) FROM messages"
 				     " WHERE tsv IS NULL", buf, sizeof(buf)), "0");
 	assert_string_equal(sql_text(f->dsn, "SELECT text_docs || ' ' || text_len"
@@ -479,6 +482,57 @@ embeddings_replace_one_another_and_are_copied_by_fork(void **state)
 	free(m.data);
 }
 
+/* exclude_newest leaves out each session's newest stored message: after a
+ * truncate of everything but a system message, that system message. */
+static size_t
+newest_excluded(histd_driver *d, enum histd_search_mode mode)
+{
+	const float qv[] = { 1, 0 };
+	histd_search_query q = {
+		.tenant = "t", .mode = mode, .text = "needle", .vector = qv,
+		.dim = 2, .model = "m", .k = 10, .exclude_newest = 1,
+	};
+	histd_search_result r = { 0 };
+	size_t n;
+
+	if (histd_driver_search(d, &q, &r))
+		fail_msg("search: %s", histd_error_message());
+	n = r.n;
+	histd_search_result_clear(&r);
+	return n;
+}
+
+static void
+exclude_newest_after_a_truncate_leaves_out_the_newest_kept_message(void **state)
+{
+	fixture *f = *state;
+	msg m[3] = {
+		text_msg(HISTD__V1__ROLE__ROLE_SYSTEM, "needle rules"),
+		text_msg(HISTD__V1__ROLE__ROLE_USER, "needle question"),
+		text_msg(HISTD__V1__ROLE__ROLE_USER, "needle again"),
+	};
+	const float v[] = { 1, 0 };
+	uint64_t rev, cur;
+
+	f->d = open_pg(f->dsn);
+	create(f->d, "s");
+	append(f->d, "s", m, 3);
+	for (uint64_t seq = 1; seq <= 3; seq++)
+		assert_int_equal(histd_driver_embedding_put(f->d, "t", "s", seq, "m",
+							    v, 2), 0);
+	assert_int_equal(newest_excluded(f->d, HISTD_SEARCH_LEXICAL), 2);
+	/* Seq 3 stays: still the newest. */
+	assert_int_equal(histd_driver_truncate(f->d, "t", "s", 2, 0, &rev, &cur), 0);
+	assert_int_equal(newest_excluded(f->d, HISTD_SEARCH_LEXICAL), 1);
+	assert_int_equal(newest_excluded(f->d, HISTD_SEARCH_SEMANTIC), 1);
+	/* Only the system message (seq 1) is left: it is the newest. */
+	assert_int_equal(histd_driver_truncate(f->d, "t", "s", 3, 0, &rev, &cur), 0);
+	assert_int_equal(count(f->d, "needle"), 1);
+	assert_int_equal(newest_excluded(f->d, HISTD_SEARCH_LEXICAL), 0);
+	assert_int_equal(newest_excluded(f->d, HISTD_SEARCH_SEMANTIC), 0);
+	free_msgs(m, 3);
+}
+
 /* The plan of a statement, run as a prepared statement with values. */
 static char *
 plan_of(const char *dsn, const char *stmt_sql, const char *args)
@@ -550,6 +604,7 @@ main(void)
 		T(what_one_replica_appends_another_finds_at_once),
 		T(embeddings_replace_one_another_and_are_copied_by_fork),
 		T(lexical_search_uses_the_gin_index),
+		T(exclude_newest_after_a_truncate_leaves_out_the_newest_kept_message),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, NULL);
