@@ -464,7 +464,7 @@ histd_driver_append(histd_driver *d, const histd_append *a,
 	if (!res)
 		return histd_error_set(HISTD_EINVALID, "append result is NULL");
 	rc = OBSERVED("append", d->append(d, a, &r));
-	if (rc == 0)
+	if (rc == 0 || (rc == HISTD_PENDING && a->on_durable))
 		*res = r;
 	else if (rc == HISTD_ECONFLICT)
 		res->current_revision = r.current_revision;

@@ -133,6 +133,18 @@ typedef struct histd_msg_in {
 	size_t n_results;
 } histd_msg_in;
 
+/*
+ * How a driver reports, after it answered HISTD_PENDING, that an append is
+ * durable: rc 0, or the error the append must answer after all (msg says
+ * why; borrowed for the call). Called exactly once, from a driver thread,
+ * possibly before the driver's append call has returned; it must not call
+ * into the driver and must not block.
+ */
+typedef void (*histd_durable_fn)(void *ctx, int rc, const char *msg);
+
+/* An append that is applied and will be reported through on_durable. */
+#define HISTD_PENDING 1
+
 typedef struct histd_append {
 	const char *tenant;
 	const char *session_id;
@@ -149,6 +161,18 @@ typedef struct histd_append {
 	int64_t idem_expires_us;
 	const histd_msg_in *msgs;      /* 1..n messages */
 	size_t n_msgs;
+	/*
+	 * Optional. A driver that makes an append durable after applying it
+	 * (a log with group commit) may answer HISTD_PENDING instead of
+	 * blocking the calling thread until then: *res is filled as for 0,
+	 * the change is applied, and on_durable(durable_ctx, ...) follows
+	 * once it is durable; the caller must not report success before. A
+	 * driver may ignore these and block; with any answer other than
+	 * HISTD_PENDING, on_durable is never called. Subscribers are
+	 * notified, as always, only once the change is durable.
+	 */
+	histd_durable_fn on_durable;
+	void *durable_ctx;
 } histd_append;
 
 #define HISTD_HASH_LEN 32

@@ -1,6 +1,7 @@
 #include "service.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1246,7 +1247,57 @@ typedef struct call {
 	size_t raw_len;
 	histd_reply *reply;
 	ProtobufCAllocator *alloc;   /* the call's arena */
+	/* Append: the answer waiting for the driver's durability report
+	 * (NULL: none, the driver blocks), and whether the driver took it. */
+	struct pending *pending;
+	int deferred;
 } call;
+
+/*
+ * An Append answer that waits for durability (histd_append.on_durable).
+ * Two parties hold it: the driver's report and the handler packing the
+ * response; whichever comes second gives the answer, so the report may
+ * arrive on the log's thread before the handler is done.
+ */
+struct pending {
+	atomic_int left;
+	int rc;                      /* the driver's report */
+	int pack_rc;                 /* the handler's packing */
+	char msg[256];
+	char pack_msg[256];
+	uint8_t *data;
+	size_t len;
+	void (*finish)(void *ctx, int rc, uint8_t *data, size_t len,
+		       const char *msg);
+	void *finish_ctx;
+};
+
+static void
+pending_release(struct pending *p)
+{
+	if (atomic_fetch_sub(&p->left, 1) != 1)
+		return;
+	if (p->rc)
+		p->finish(p->finish_ctx, p->rc, NULL, 0, p->msg);
+	else if (p->pack_rc)
+		p->finish(p->finish_ctx, p->pack_rc, NULL, 0, p->pack_msg);
+	else {
+		p->finish(p->finish_ctx, 0, p->data, p->len, "");
+		p->data = NULL;
+	}
+	free(p->data);
+	free(p);
+}
+
+static void
+pending_durable(void *ctx, int rc, const char *msg)
+{
+	struct pending *p = ctx;
+
+	p->rc = rc;
+	snprintf(p->msg, sizeof(p->msg), "%s", msg ? msg : "");
+	pending_release(p);
+}
 
 static int
 conflict(call *c, int rc, uint64_t current_revision)
@@ -1570,7 +1621,16 @@ append_messages(call *c, const Histd__V1__AppendRequest *r,
 	}
 	a.msgs = b->in;
 	a.n_msgs = b->n;
-	if ((rc = histd_driver_append(c->s->d, &a, &res)))
+	if (c->pending) {
+		a.on_durable = pending_durable;
+		a.durable_ctx = c->pending;
+	}
+	rc = histd_driver_append(c->s->d, &a, &res);
+	if (rc == HISTD_PENDING) {
+		c->deferred = 1;
+		rc = 0;
+	}
+	if (rc)
 		return conflict(c, rc, res.current_revision);
 	resp->first_seq = res.first_seq;
 	resp->last_seq = res.last_seq;
@@ -1589,14 +1649,40 @@ static int
 h_append(call *c, void *msg)
 {
 	Histd__V1__AppendResponse resp = HISTD__V1__APPEND_RESPONSE__INIT;
+	struct pending *p = NULL;
 	batch b;
 	int rc;
 
+	/* Without memory for it, the driver blocks as it would anyway. */
+	if (c->reply->finish && (p = calloc(1, sizeof(*p)))) {
+		atomic_init(&p->left, 2);
+		p->finish = c->reply->finish;
+		p->finish_ctx = c->reply->finish_ctx;
+		c->pending = p;
+	}
 	rc = append_messages(c, msg, &resp, &b);
 	if (rc == 0)
 		rc = reply_pack(&resp.base, c->reply);
 	batch_free(&b);
-	return rc;
+	if (!p)
+		return rc;
+	if (!c->deferred) {
+		free(p);
+		return rc;
+	}
+	/* The driver reports durability to p: the answer goes from there. */
+	if (rc) {
+		p->pack_rc = rc;
+		snprintf(p->pack_msg, sizeof(p->pack_msg), "%s",
+			 histd_error_message());
+	}
+	p->data = c->reply->data;
+	p->len = c->reply->len;
+	c->reply->data = NULL;
+	c->reply->len = 0;
+	c->reply->deferred = 1;
+	pending_release(p);
+	return 0;
 }
 
 /*
@@ -2056,6 +2142,7 @@ histd_service_unary(histd_service *s, enum histd_method m,
 	reply->data = NULL;
 	reply->len = 0;
 	reply->current_revision = 0;
+	reply->deferred = 0;
 	if ((unsigned)m >= HISTD_M_COUNT || !methods[m].fn)
 		return histd_error_set(HISTD_EINTERNAL,
 				       "not a unary method of the service");
@@ -2089,6 +2176,8 @@ histd_service_unary(histd_service *s, enum histd_method m,
 	c.raw_len = len;
 	c.reply = reply;
 	c.alloc = &alloc;
+	c.pending = NULL;
+	c.deferred = 0;
 	rc = methods[m].fn(&c, msg);
 	if (rc == 0)
 		config_may_have_changed(s, m, who->tenant, msg);

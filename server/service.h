@@ -76,6 +76,18 @@ typedef struct histd_reply {
 	/* With HISTD_ECONFLICT: the session's current revision, which the
 	 * transport sends as trailing metadata "histd-revision". */
 	uint64_t current_revision;
+	/*
+	 * Set by the transport, or NULL: how an answer that waits for the
+	 * driver's durability report is given without holding the calling
+	 * thread. The service then returns 0 with `deferred` set and calls
+	 * finish(finish_ctx, ...) exactly once, possibly from another thread
+	 * and possibly before it returns: rc 0 with the packed response
+	 * (malloc'ed, the callee's), or the error with its message.
+	 */
+	void (*finish)(void *ctx, int rc, uint8_t *data, size_t len,
+		       const char *msg);
+	void *finish_ctx;
+	int deferred;
 } histd_reply;
 
 typedef struct histd_service histd_service;

@@ -315,13 +315,60 @@ histd_call_caller(struct histd_call *c, histd_caller *who, int count)
 	return 0;
 }
 
+/* Logs a unary call's outcome and answers it: data (malloc'ed, taken) on
+ * success, else rc's status with msg. */
+static void
+conclude(struct histd_call *c, const char *tenant, int rc, uint8_t *data,
+	 size_t len, const char *msg, uint64_t current_revision)
+{
+	enum histd_log_level level;
+
+	/* Client mistakes are logged at debug; server-side failures at warn.
+	 * Messages name fields, never conversation text. */
+	level = rc == HISTD_EINTERNAL || rc == HISTD_EUNAVAILABLE ||
+			rc == HISTD_ECORRUPT || rc == HISTD_ENOMEM ?
+		HISTD_LOG_WARN : HISTD_LOG_DEBUG;
+	if (histd_log_enabled(level)) {
+		char rid[80], us[24];
+
+		request_id(c, rid, sizeof(rid));
+		snprintf(us, sizeof(us), "%lld",
+			 (long long)(histd_mono_us() - c->start_us));
+		histd_log(level, "rpc", "request_id", rid,
+			  "method", histd_method_names[c->method],
+			  "tenant", tenant,
+			  "code", histd_status_name(histd_status_from_error(rc)),
+			  "duration_us", us,
+			  "error", rc ? msg : "", NULL);
+	}
+	if (rc == 0) {
+		answer(c, data, len, GRPC_STATUS_OK, NULL, NULL, 0);
+		return;
+	}
+	free(data);
+	answer(c, NULL, 0, histd_status_from_error(rc), msg,
+	       rc == HISTD_ECONFLICT ? "histd-revision" : NULL,
+	       current_revision);
+}
+
+/* histd_reply.finish: a deferred Append answer, from whichever thread the
+ * driver reported durability on. */
+static void
+finish_deferred(void *ctx, int rc, uint8_t *data, size_t len,
+		const char *msg)
+{
+	struct histd_call *c = ctx;
+
+	conclude(c, c->tenant ? c->tenant->name : "", rc, data, len, msg, 0);
+	histd_call_unref(c);
+}
+
 static void
 handle_unary(struct histd_call *c)
 {
 	histd_reply reply = { 0 };
 	histd_caller who;
 	grpc_slice req;
-	enum histd_log_level level;
 	int rc;
 
 	if (deadline_passed(c)) {
@@ -336,38 +383,24 @@ handle_unary(struct histd_call *c)
 	}
 	histd_error_clear();
 	rc = histd_call_caller(c, &who, 1);
-	if (rc == 0)
+	if (rc == 0) {
+		/* The reference a deferred answer holds until it is given. */
+		histd_call_ref(c);
+		reply.finish = finish_deferred;
+		reply.finish_ctx = c;
 		rc = histd_service_unary(c->srv->svc,
 					 (enum histd_method)c->method, &who,
 					 GRPC_SLICE_START_PTR(req),
 					 GRPC_SLICE_LENGTH(req), &reply);
+		if (rc == 0 && reply.deferred) {
+			grpc_slice_unref(req);
+			return;
+		}
+		histd_call_unref(c);
+	}
 	grpc_slice_unref(req);
-	/* Client mistakes are logged at debug; server-side failures at warn.
-	 * Messages name fields, never conversation text. */
-	level = rc == HISTD_EINTERNAL || rc == HISTD_EUNAVAILABLE ||
-			rc == HISTD_ECORRUPT || rc == HISTD_ENOMEM ?
-		HISTD_LOG_WARN : HISTD_LOG_DEBUG;
-	if (histd_log_enabled(level)) {
-		char rid[80], us[24];
-
-		request_id(c, rid, sizeof(rid));
-		snprintf(us, sizeof(us), "%lld",
-			 (long long)(histd_mono_us() - c->start_us));
-		histd_log(level, "rpc", "request_id", rid,
-			  "method", histd_method_names[c->method],
-			  "tenant", who.tenant,
-			  "code", histd_status_name(histd_status_from_error(rc)),
-			  "duration_us", us,
-			  "error", rc ? histd_error_message() : "", NULL);
-	}
-	if (rc == 0) {
-		answer(c, reply.data, reply.len, GRPC_STATUS_OK, NULL, NULL, 0);
-		return;
-	}
-	free(reply.data);
-	answer(c, NULL, 0, histd_status_from_error(rc), histd_error_message(),
-	       rc == HISTD_ECONFLICT ? "histd-revision" : NULL,
-	       reply.current_revision);
+	conclude(c, who.tenant, rc, reply.data, reply.len,
+		 histd_error_message(), reply.current_revision);
 }
 
 static void

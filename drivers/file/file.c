@@ -112,9 +112,11 @@ lock_read(hf_driver *d)
 }
 
 /* Commits the record encoded since begin, releases the lock and waits for
- * it; stamps the session (and an idempotency key) with its lsn. */
+ * it (or, for an append that asks, arranges to report it: HISTD_PENDING);
+ * stamps the session (and an idempotency key) with its lsn. */
 static int
-commit(hf_driver *d, hf_session *s, hf_idem *e, int is_append)
+commit(hf_driver *d, hf_session *s, hf_idem *e, int is_append,
+       const histd_append *a)
 {
 	uint64_t log_bytes;
 	uint64_t lsn = hf_wal_commit(d->wal, is_append, &log_bytes);
@@ -128,6 +130,9 @@ commit(hf_driver *d, hf_session *s, hf_idem *e, int is_append)
 	pthread_rwlock_unlock(&d->lock);
 	if (poke)
 		hf_maint_poke(d);
+	if (a && a->on_durable)
+		return hf_wal_wait_async(d->wal, lsn, 1, a->on_durable,
+					 a->durable_ctx);
 	return hf_wal_wait(d->wal, lsn, 1);
 }
 
@@ -223,7 +228,7 @@ create_locked(hf_driver *d, const char *tenant, hf_session *s,
 	hf_frame_end(b, mark);
 	if ((rc = encoded(d, b, mark, 0, NULL)))
 		goto undo;
-	if ((rc = commit(d, s, NULL, 0))) {
+	if ((rc = commit(d, s, NULL, 0, NULL))) {
 		histd_session_free(rec);
 		return rc;
 	}
@@ -499,7 +504,7 @@ fd_session_update(histd_driver *dd, const char *tenant, const char *id,
 		nt->session = nrec;
 		nrec = NULL;
 	}
-	rc = commit(d, s, NULL, 0);
+	rc = commit(d, s, NULL, 0, NULL);
 	if (rc == 0)
 		*out = rec;
 	else
@@ -550,7 +555,7 @@ fd_session_delete(histd_driver *dd, const char *tenant, const char *id,
 	hf_index_forget(s);
 	hf_session_remove(d, s);
 	hf_session_destroy(d, s);
-	return commit(d, NULL, NULL, 0);
+	return commit(d, NULL, NULL, 0, NULL);
 }
 
 static int
@@ -599,7 +604,7 @@ fd_session_fork(histd_driver *dd, const char *tenant, const char *source_id,
 	if ((rc = encoded(d, b, mark, 0, NULL)))
 		goto undo;
 	hf_index_sync(f);
-	if ((rc = commit(d, f, NULL, 0))) {
+	if ((rc = commit(d, f, NULL, 0, NULL))) {
 		histd_session_free(rec);
 		return rc;
 	}
@@ -800,7 +805,7 @@ fd_append(histd_driver *dd, const histd_append *a, histd_append_result *res)
 	res->revision = s->revision;
 	res->replayed = 0;
 	built_free(&bt);
-	return commit(d, s, klen ? e : NULL, 1);
+	return commit(d, s, klen ? e : NULL, 1, a);
 out:
 	hf_batch_free(d, &batch);
 	built_free(&bt);
@@ -925,7 +930,7 @@ fd_clear(histd_driver *dd, const char *tenant, const char *id,
 	hf_session_account(d, s);
 	*revision = s->revision;
 	*cleared_to_seq = s->cleared_to_seq;
-	return commit(d, s, NULL, 0);
+	return commit(d, s, NULL, 0, NULL);
 }
 
 static int
@@ -984,7 +989,7 @@ fd_replace(histd_driver *dd, const histd_append *a, histd_append_result *res,
 	res->replayed = 0;
 	*cleared_to_seq = s->cleared_to_seq;
 	built_free(&bt);
-	return commit(d, s, NULL, 0);
+	return commit(d, s, NULL, 0, NULL);
 out:
 	hf_batch_free(d, &batch);
 	built_free(&bt);
@@ -1049,7 +1054,7 @@ fd_truncate(histd_driver *dd, const char *tenant, const char *id,
 	}
 	hf_session_account(d, s);
 	*revision = s->revision;
-	return commit(d, s, NULL, 0);
+	return commit(d, s, NULL, 0, NULL);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1103,7 +1108,7 @@ fd_summary_put(histd_driver *dd, const char *tenant, const char *id,
 	hf_apply_summary(s, &r);
 	hf_session_account(d, s);
 	*revision = s->revision;
-	return commit(d, s, NULL, 0);
+	return commit(d, s, NULL, 0, NULL);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1159,7 +1164,7 @@ fd_embedding_put(histd_driver *dd, const char *tenant, const char *id,
 	}
 	hf_vec_put(s, x);
 	hf_session_account(d, s);
-	return commit(d, s, NULL, 0);
+	return commit(d, s, NULL, 0, NULL);
 }
 
 static int

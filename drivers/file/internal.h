@@ -414,6 +414,11 @@ uint64_t hf_wal_commit(hf_wal *w, int is_append, uint64_t *log_bytes);
  * if the log failed first. writer: a caller that committed (counted for
  * the batch estimate). */
 int hf_wal_wait(hf_wal *w, uint64_t lsn, int writer);
+/* hf_wal_wait without blocking: 0 (or EUNAVAILABLE) at once if lsn's fate
+ * is known, else HISTD_PENDING and fn(ctx, rc, msg) is called once, from
+ * the writer thread, when it is. */
+int hf_wal_wait_async(hf_wal *w, uint64_t lsn, int writer,
+		      histd_durable_fn fn, void *ctx);
 /* The lsn of the last queued record. */
 uint64_t hf_wal_last(hf_wal *w);
 /* Whether the log has failed (EUNAVAILABLE set then). */

@@ -44,11 +44,16 @@
 /* Callers a batch waits for at most. */
 #define GATHER_MAX 1024
 
-/* A caller waiting for its lsn, on its own stack. */
+/* A caller waiting for its lsn: on its own stack, woken by its futex
+ * word; or, without blocking (hf_wal_wait_async), on the heap with a
+ * function to call instead, freed after the call. */
 typedef struct waiter {
 	struct waiter *next;
 	uint64_t lsn;
 	_Atomic uint32_t state;         /* 0 waiting, 1 durable, 2 failed */
+	histd_durable_fn fn;
+	void *ctx;
+	int writer;                     /* counted in w->inside */
 } waiter;
 
 static void
@@ -94,6 +99,15 @@ struct hf_wal {
 	histd_file_stats st;
 
 	_Atomic uint64_t done_lsn;
+
+	/* Reports of asynchronous waiters (hf_wal_wait_async) are made by
+	 * their own thread, so that the writer goes on to the next batch
+	 * while the answers go out. */
+	pthread_t reporter;
+	pthread_mutex_t rmu;
+	pthread_cond_t rwork;
+	waiter *reports, **reports_tail; /* under rmu, in lsn order */
+	int rstop;
 
 	/* The writer's own. */
 	int fd;
@@ -319,8 +333,10 @@ take_waiters(hf_wal *w, uint64_t upto)
 }
 
 static void
-wake_waiters(waiter *x, uint32_t state)
+wake_waiters(hf_wal *w, waiter *x, uint32_t state)
 {
+	waiter *head = NULL, **tail = &head;
+
 	while (x) {
 		/* Read before the store: the waiter may return at once and
 		 * its stack be reused. A wake on a reused word is spurious
@@ -328,9 +344,61 @@ wake_waiters(waiter *x, uint32_t state)
 		waiter *next = x->next;
 
 		atomic_store(&x->state, state);
-		futex_wake(&x->state);
+		if (x->fn) {
+			if (x->writer)
+				atomic_fetch_sub(&w->inside, 1);
+			x->next = NULL;
+			*tail = x;
+			tail = &x->next;
+		} else {
+			futex_wake(&x->state);
+		}
 		x = next;
 	}
+	if (!head)
+		return;
+	pthread_mutex_lock(&w->rmu);
+	*w->reports_tail = head;
+	w->reports_tail = tail;
+	pthread_cond_signal(&w->rwork);
+	pthread_mutex_unlock(&w->rmu);
+}
+
+static void *
+reporter_main(void *arg)
+{
+	hf_wal *w = arg;
+	char msg[sizeof(w->errmsg)];
+
+	pthread_mutex_lock(&w->rmu);
+	for (;;) {
+		waiter *x;
+
+		while (!w->reports && !w->rstop)
+			pthread_cond_wait(&w->rwork, &w->rmu);
+		if (!w->reports)
+			break;
+		x = w->reports;
+		w->reports = NULL;
+		w->reports_tail = &w->reports;
+		pthread_mutex_unlock(&w->rmu);
+		while (x) {
+			waiter *next = x->next;
+			int ok = atomic_load(&x->state) == 1;
+
+			if (!ok) {
+				pthread_mutex_lock(&w->mu);
+				memcpy(msg, w->errmsg, sizeof(msg));
+				pthread_mutex_unlock(&w->mu);
+			}
+			x->fn(x->ctx, ok ? 0 : HISTD_EUNAVAILABLE, ok ? "" : msg);
+			free(x);
+			x = next;
+		}
+		pthread_mutex_lock(&w->rmu);
+	}
+	pthread_mutex_unlock(&w->rmu);
+	return NULL;
 }
 
 static void *
@@ -403,7 +471,7 @@ writer_main(void *arg)
 		if (rot || rc)
 			pthread_cond_broadcast(&w->done);
 		pthread_mutex_unlock(&w->mu);
-		wake_waiters(wake, rc ? 2 : 1);
+		wake_waiters(w, wake, rc ? 2 : 1);
 		pthread_mutex_lock(&w->mu);
 	}
 	/* Stopping: everything written is synced, even in never mode, so a
@@ -414,7 +482,7 @@ writer_main(void *arg)
 	pthread_cond_broadcast(&w->done);
 	pthread_mutex_unlock(&w->mu);
 	/* Only a failed log leaves waiters behind. */
-	wake_waiters(wake, 2);
+	wake_waiters(w, wake, 2);
 	return NULL;
 }
 
@@ -440,8 +508,23 @@ hf_wal_start(hf_wal **out, hf_driver *d, int fd, uint64_t gen, uint64_t size)
 	pthread_cond_init(&w->work, &ca);
 	pthread_cond_init(&w->done, NULL);
 	pthread_condattr_destroy(&ca);
-	rc = pthread_create(&w->thread, NULL, writer_main, w);
+	pthread_mutex_init(&w->rmu, NULL);
+	pthread_cond_init(&w->rwork, NULL);
+	w->reports_tail = &w->reports;
+	rc = pthread_create(&w->reporter, NULL, reporter_main, w);
+	if (rc == 0) {
+		rc = pthread_create(&w->thread, NULL, writer_main, w);
+		if (rc != 0) {
+			pthread_mutex_lock(&w->rmu);
+			w->rstop = 1;
+			pthread_cond_signal(&w->rwork);
+			pthread_mutex_unlock(&w->rmu);
+			pthread_join(w->reporter, NULL);
+		}
+	}
 	if (rc != 0) {
+		pthread_cond_destroy(&w->rwork);
+		pthread_mutex_destroy(&w->rmu);
 		pthread_cond_destroy(&w->work);
 		pthread_cond_destroy(&w->done);
 		pthread_mutex_destroy(&w->mu);
@@ -557,6 +640,41 @@ hf_wal_wait(hf_wal *w, uint64_t lsn, int writer)
 	return rc;
 }
 
+int
+hf_wal_wait_async(hf_wal *w, uint64_t lsn, int writer, histd_durable_fn fn,
+		  void *ctx)
+{
+	waiter *me;
+	int rc = HISTD_PENDING;
+
+	if (atomic_load(&w->done_lsn) >= lsn)
+		return hf_wal_wait(w, lsn, writer);
+	/* Out of memory: block instead, which needs none. */
+	if (!(me = calloc(1, sizeof(*me))))
+		return hf_wal_wait(w, lsn, writer);
+	me->lsn = lsn;
+	me->fn = fn;
+	me->ctx = ctx;
+	me->writer = writer;
+	pthread_mutex_lock(&w->mu);
+	if (atomic_load(&w->done_lsn) >= lsn) {
+		rc = 0;
+	} else if (w->failed) {
+		rc = histd_error_set(HISTD_EUNAVAILABLE, "%s", w->errmsg);
+	} else {
+		me->next = w->waiters;
+		w->waiters = me;
+		me = NULL;
+	}
+	pthread_mutex_unlock(&w->mu);
+	if (me) {
+		free(me);
+		if (writer)
+			atomic_fetch_sub(&w->inside, 1);
+	}
+	return rc;
+}
+
 uint64_t
 hf_wal_last(hf_wal *w)
 {
@@ -649,6 +767,12 @@ hf_wal_stop(hf_wal *w)
 	pthread_cond_signal(&w->work);
 	pthread_mutex_unlock(&w->mu);
 	pthread_join(w->thread, NULL);
+	/* The writer has handed over every report: send them, then stop. */
+	pthread_mutex_lock(&w->rmu);
+	w->rstop = 1;
+	pthread_cond_signal(&w->rwork);
+	pthread_mutex_unlock(&w->rmu);
+	pthread_join(w->reporter, NULL);
 	close(w->fd);
 	w->fd = -1;
 }
@@ -664,5 +788,7 @@ hf_wal_free(hf_wal *w)
 	pthread_cond_destroy(&w->work);
 	pthread_cond_destroy(&w->done);
 	pthread_mutex_destroy(&w->mu);
+	pthread_cond_destroy(&w->rwork);
+	pthread_mutex_destroy(&w->rmu);
 	free(w);
 }

@@ -6,7 +6,7 @@
  *                    [--duration 3] [--rounds 3] [--messages 1000000]
  *                    [--dir DIR] [--skip-throughput] [--skip-startup]
  *
- * Throughput: histd is started (--threads 32) with the memory driver, the
+ * Throughput: histd is started (--threads 2, --server-threads) with the memory driver, the
  * file driver with --fsync batch and with --fsync always, in turn, `rounds`
  * times (interleaved, so that background load weighs on all alike). Each
  * run: `callers` callers, each on its own session, each keeping one Append
@@ -55,6 +55,7 @@ struct opts {
 	int rounds;
 	uint64_t messages;
 	int skip_throughput, skip_startup;
+	int threads;
 };
 
 /* One configuration of the throughput runs, summed over rounds. */
@@ -183,7 +184,7 @@ run_config(const struct opts *o, struct config *cf, const char *text)
 		extra[n_extra++] = "--fsync";
 		extra[n_extra++] = cf->fsync;
 	}
-	if (bench_server_start(&srv, o->histd, cf->driver, 32, extra, n_extra,
+	if (bench_server_start(&srv, o->histd, cf->driver, o->threads, extra, n_extra,
 			       log, 30) != 0)
 		return -1;
 	reqs = calloc(o->callers, sizeof(*reqs));
@@ -473,7 +474,7 @@ usage(void)
 	fprintf(stderr,
 		"usage: histd-file-bench --histd PATH [--callers N] [--size BYTES]\n"
 		"       [--duration S] [--rounds N] [--messages N] [--dir DIR]\n"
-		"       [--skip-throughput] [--skip-startup]\n");
+		"       [--skip-throughput] [--skip-startup] [--server-threads N]\n");
 }
 
 int
@@ -489,10 +490,11 @@ main(int argc, char **argv)
 		{ "dir", required_argument, NULL, 'D' },
 		{ "skip-throughput", no_argument, NULL, 'T' },
 		{ "skip-startup", no_argument, NULL, 'S' },
+		{ "server-threads", required_argument, NULL, 't' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .callers = 16, .size = 1024, .duration = 3,
-			  .rounds = 3, .messages = 1000000 };
+			  .rounds = 3, .messages = 1000000, .threads = 2 };
 	struct config cf[3] = {
 		{ .name = "memory", .driver = "memory" },
 		{ .name = "file-batch", .driver = "file", .fsync = "batch" },
@@ -515,10 +517,12 @@ main(int argc, char **argv)
 		case 'D': o.dir = optarg; break;
 		case 'T': o.skip_throughput = 1; break;
 		case 'S': o.skip_startup = 1; break;
+		case 't': o.threads = atoi(optarg); break;
 		default: usage(); return 2;
 		}
 	}
-	if (!o.histd || !o.callers || !o.size || o.rounds < 1) {
+	if (!o.histd || !o.callers || !o.size || o.rounds < 1 ||
+	    o.threads < 1) {
 		usage();
 		return 2;
 	}
@@ -551,8 +555,8 @@ main(int argc, char **argv)
 				}
 		grpc_shutdown();
 		printf("\nAppend, %zu callers, one %zu-byte text message per call, "
-		       "%d x %.1f s each (histd --threads 32)\n", o.callers, o.size,
-		       o.rounds, o.duration);
+		       "%d x %.1f s each (histd --threads %d)\n", o.callers, o.size,
+		       o.rounds, o.duration, o.threads);
 		printf("%-12s %10s %9s %9s %9s %10s %12s %9s %9s\n", "config",
 		       "appends/s", "vs memory", "p50 us", "p99 us", "fsyncs",
 		       "appends/fsync", "fsync us", "gather us");

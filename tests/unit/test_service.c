@@ -93,7 +93,8 @@ call_raw_on(histd_service *s, const histd_caller *who, enum histd_method m,
 	    const uint8_t *req, size_t len,
 	    const ProtobufCMessageDescriptor *resp_desc, void *resp)
 {
-	histd_reply r = { (uint8_t *)1, 99, 99 };
+	histd_reply r = { .data = (uint8_t *)1, .len = 99,
+			   .current_revision = 99 };
 	int rc;
 
 	histd_error_clear();
