@@ -623,6 +623,12 @@ histd_driver_can_search(const histd_driver *d)
 	return d && d->version >= 2 && d->search != NULL;
 }
 
+int
+histd_driver_can_truncate(const histd_driver *d)
+{
+	return d && d->version >= 3 && d->truncate != NULL;
+}
+
 /* A search query every driver can take as it is. */
 static int
 check_search(const histd_search_query *q)
@@ -711,7 +717,7 @@ histd_driver_truncate(histd_driver *d, const char *tenant, const char *id,
 		return rc;
 	if (up_to_seq == 0)
 		return histd_error_set(HISTD_EINVALID, "up_to_seq must be at least 1");
-	if (d->version < 3 || !d->truncate)
+	if (!histd_driver_can_truncate(d))
 		return histd_error_set(HISTD_EUNIMPL,
 				       "the driver cannot delete old messages");
 	rc = OBSERVED("truncate", d->truncate(d, tenant, id, up_to_seq,

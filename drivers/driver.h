@@ -604,6 +604,8 @@ int histd_driver_embedding_put(histd_driver *d, const char *tenant,
 			       const float *v, uint32_t dim);
 /* Whether the driver can search (version 2 with search set). */
 int histd_driver_can_search(const histd_driver *d);
+/* Whether the driver can delete old messages (version 3 with truncate). */
+int histd_driver_can_truncate(const histd_driver *d);
 
 /* Called by every wrapper after its driver callback, with the callback's
  * name ("append", "read", ...), how long it took and what it returned: the

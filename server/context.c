@@ -841,13 +841,6 @@ retention_window(const histd_pipeline *p)
 	return -1;
 }
 
-/* Whether d can delete old messages (truncate, driver version 3). */
-static int
-can_truncate(const histd_driver *d)
-{
-	return d->version >= 3 && d->truncate != NULL;
-}
-
 /* `code` naming the plugin when p (the pipeline of config `field`, or the
  * default pipeline with field NULL) asks for retention = delete and the
  * driver `name` cannot delete old messages; else 0. */
@@ -1916,12 +1909,12 @@ histd_context_new(histd_context **out, histd_driver *d,
 		histd_context_free(x);
 		return rc;
 	}
-	if (!can_truncate(d) &&
+	if (!histd_driver_can_truncate(d) &&
 	    (rc = check_retention(x->def, NULL, d->name, HISTD_EINVALID))) {
 		histd_context_free(x);
 		return rc;
 	}
-	if (!can_truncate(d)) {
+	if (!histd_driver_can_truncate(d)) {
 		x->no_truncate = d->name;
 		atomic_store(&no_truncate_driver, d->name);
 	}
