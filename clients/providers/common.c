@@ -586,11 +586,15 @@ histd_blk_from_url(const char *url, int as_document, const char *filename,
 		type[semi - url - 5] = '\0';
 		if ((as_document || histd_image_type(type)) &&
 		    histd_b64_decode(comma + 1, strlen(comma + 1), &data,
-				     &len) == 0 && len > 0) {
-			*out = as_document
-				? histd_blk_doc_data(data, len, type, filename)
-				: histd_blk_image_data(data, len, type);
-			return *out ? 0 : enomem();
+				     &len) == 0) {
+			if (len > 0) {
+				*out = as_document
+				     ? histd_blk_doc_data(data, len, type,
+							  filename)
+				     : histd_blk_image_data(data, len, type);
+				return *out ? 0 : enomem();
+			}
+			free(data); /* empty: kept as the URL it came as */
 		}
 		histd_error_clear();
 	}
@@ -735,7 +739,7 @@ histd_extras_into(json_t *dst, const char *sub, json_t *src,
 	if (!json_is_object(src))
 		return 0;
 	json_object_foreach(src, k, v) {
-		if (known_key(k, known))
+		if (k[0] == '$' || known_key(k, known))
 			continue;
 		if (sub && !made) {
 			if (!(into = json_object()) ||

@@ -207,6 +207,9 @@ void histd_calls_free(struct histd_callref *v, size_t n);
 /* ---------------------------------------------------------------------- */
 /* provider_state and extras                                              */
 
+/* Keys starting with '$' are our marks (below): a member of the input
+ * whose key starts with '$' is never copied into extras, so a request
+ * cannot forge a mark. No provider format has such keys. */
 /* New object of the members of obj whose keys are not in known (NULL
  * terminated); NULL if out of memory. */
 json_t *histd_extras(json_t *obj, const char *const *known);

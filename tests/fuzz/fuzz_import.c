@@ -113,8 +113,17 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (rc)
 		fail("from_json refused what to_json wrote", f, rc);
 	second = export_ok(f, &t2, NULL);
-	if (!json_equal(first, second))
+	if (!json_equal(first, second)) {
+		char *a = json_dumps(first, JSON_SORT_KEYS);
+		char *b = json_dumps(second, JSON_SORT_KEYS);
+
+		fprintf(stderr, "fuzz_import: first export:  %s\n"
+				"fuzz_import: second export: %s\n",
+			a ? a : "?", b ? b : "?");
+		free(a);
+		free(b);
 		fail("a round trip through the format is not stable", f, 0);
+	}
 	json_decref(first);
 	json_decref(second);
 

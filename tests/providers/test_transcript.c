@@ -384,6 +384,69 @@ import_lists_non_transcript_members(void **state)
 	histd_transcript_clear(&t);
 }
 
+/* Keys starting with '$' are histd's own marks in provider_state: an
+ * input part carrying "$refusal" stays the text it is, and the key is not
+ * kept (a second export is the same as the first). */
+static void
+dollar_keys_cannot_forge_marks(void **state)
+{
+	const char *body =
+		"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		"\"input_text\",\"text\":\"hi\",\"$refusal\":true},"
+		"{\"type\":\"input_image\",\"image_url\":"
+		"\"https://example.com/a.png\",\"$detail\":\"x\"}]}]}";
+	histd_transcript t = { 0 };
+	json_t *root, *part;
+	char *out = NULL;
+
+	(void)state;
+	assert_int_equal(histd_transcript_from_json(
+		HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES, body, strlen(body),
+		NULL, &t), 0);
+	assert_int_equal(t.n_messages, 1);
+	assert_int_equal(t.messages[0]->content[0]->n_provider_state, 0);
+	assert_int_equal(histd_transcript_to_json(
+		HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES, t.messages,
+		t.n_messages, &out, NULL), 0);
+	root = json_loads(out, 0, NULL);
+	part = json_array_get(json_object_get(json_array_get(
+		json_object_get(root, "input"), 0), "content"), 0);
+	assert_string_equal(json_string_value(json_object_get(part, "type")),
+			    "input_text");
+	assert_null(json_object_get(part, "$refusal"));
+	part = json_array_get(json_object_get(json_array_get(
+		json_object_get(root, "input"), 0), "content"), 1);
+	assert_string_equal(json_string_value(json_object_get(part,
+							      "detail")),
+			    "auto");
+	json_decref(root);
+	free(out);
+	histd_transcript_clear(&t);
+}
+
+/* A data: URI with nothing after ";base64," stays a URL image. */
+static void
+empty_data_uri_stays_a_url(void **state)
+{
+	const char *body =
+		"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		"\"image_url\",\"image_url\":{\"url\":"
+		"\"data:image/png;base64,\"}}]}]}";
+	histd_transcript t = { 0 };
+	const Histd__V1__ContentBlock *b;
+
+	(void)state;
+	assert_int_equal(histd_transcript_from_json(
+		HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT, body, strlen(body), NULL,
+		&t), 0);
+	b = t.messages[0]->content[0];
+	assert_int_equal(b->block_case, HISTD__V1__CONTENT_BLOCK__BLOCK_IMAGE);
+	assert_int_equal(b->image->source_case,
+			 HISTD__V1__IMAGE_BLOCK__SOURCE_URL);
+	assert_string_equal(b->image->url, "data:image/png;base64,");
+	histd_transcript_clear(&t);
+}
+
 int
 main(void)
 {
@@ -394,6 +457,8 @@ main(void)
 		cmocka_unit_test(foreign_reasoning_is_dropped_and_listed),
 		cmocka_unit_test(parallel_results_merge_into_one_anthropic_turn),
 		cmocka_unit_test(import_lists_non_transcript_members),
+		cmocka_unit_test(dollar_keys_cannot_forge_marks),
+		cmocka_unit_test(empty_data_uri_stays_a_url),
 	};
 
 	return cmocka_run_group_tests(tests, load_goldens, free_goldens);
