@@ -897,10 +897,10 @@ static int reduce_session(struct bench *b, const char *id)
 	return 0;
 }
 
-/* Reads the CONTEXT view once: its size, and whether it starts with the
- * summary. */
-static int probe_context(struct bench *b, const char *id, size_t *n,
-			 int *has_summary)
+/* Reads the view once (CONTEXT, or RAW last_n): its messages, its bytes,
+ * and whether it carries a summary. */
+static int probe_view(struct bench *b, const char *id, uint32_t last_n,
+		      size_t *n, size_t *bytes, int *has_summary)
 {
 	Histd__V1__GetMessagesRequest req = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
 	Histd__V1__GetMessagesResponse *r;
@@ -910,7 +910,8 @@ static int probe_context(struct bench *b, const char *id, size_t *n,
 	size_t len = 0;
 
 	req.session_id = (char *)id;
-	req.view = HISTD__V1__VIEW__VIEW_CONTEXT;
+	req.view = last_n ? HISTD__V1__VIEW__VIEW_RAW : HISTD__V1__VIEW__VIEW_CONTEXT;
+	req.last_n = last_n;
 	if (bench_unary_sync(b->c, BENCH_M_GET_MESSAGES, &req.base,
 			     b->o.timeout_s, &st, details, sizeof(details),
 			     &resp, &len) != 0 || st != GRPC_STATUS_OK) {
@@ -925,6 +926,7 @@ static int probe_context(struct bench *b, const char *id, size_t *n,
 	if (!r)
 		return -1;
 	*n = r->n_messages;
+	*bytes = len;
 	*has_summary = r->summary != NULL;
 	histd__v1__get_messages_response__free_unpacked(r, NULL);
 	return 0;
@@ -947,7 +949,8 @@ void bench_context_phase(struct bench *b)
 	Histd__V1__GetMessagesRequest ctx = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
 	size_t rounds = b->o.rounds ? b->o.rounds : 1, next_call = 0, n = 0;
 	size_t half = CTX_MESSAGES / 8;   /* turns: 4 messages each */
-	int has_summary = 0;
+	size_t raw_n = 0, raw_bytes = 0, bytes = 0;
+	int has_summary = 0, raw_summary = 0;
 	char id[96];
 
 	session_id(b, id, sizeof(id), "context", CTX_MESSAGES);
@@ -961,7 +964,9 @@ void bench_context_phase(struct bench *b)
 	    fill_turns(b, id, half, &next_call) != 0 ||
 	    reduce_session(b, id) != 0 ||
 	    fill_turns(b, id, half, &next_call) != 0 ||
-	    probe_context(b, id, &n, &has_summary) != 0) {
+	    probe_view(b, id, 0, &n, &bytes, &has_summary) != 0 ||
+	    probe_view(b, id, GET_LAST_N, &raw_n, &raw_bytes,
+		       &raw_summary) != 0) {
 		note(&b->rows[R_CTX_VIEW], "could not prepare (see stderr)");
 		b->failed = 1;
 		return;
@@ -969,7 +974,9 @@ void bench_context_phase(struct bench *b)
 	if (!has_summary)
 		note(&b->rows[R_CTX_VIEW], "the view has no summary");
 	note(&b->rows[R_CTX_VIEW], "%zu messages per view (system + summary "
-	     "+ window 20, results masked)", n);
+	     "+ window 20, results masked), %zu bytes", n, bytes);
+	note(&b->rows[R_CTX_RAW], "%zu messages per read, %zu bytes", raw_n,
+	     raw_bytes);
 	cls[0].reqs = calloc(1, sizeof(grpc_slice));
 	cls[1].reqs = calloc(1, sizeof(grpc_slice));
 	if (!cls[0].reqs || !cls[1].reqs) {
