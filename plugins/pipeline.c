@@ -413,6 +413,24 @@ histd_pipeline_reducer(const histd_pipeline *p)
 	return -1;
 }
 
+uint32_t
+histd_pipeline_newest_needed(const histd_pipeline *p)
+{
+	uint32_t most = 0;
+
+	for (size_t i = 0; p && i < p->n; i++) {
+		const histd_plugin *pl = p->v[i].plugin;
+		uint32_t n;
+
+		/* A version 1 struct ends before the hook. */
+		if (pl->version < 2 || !pl->newest_needed)
+			continue;
+		if ((n = pl->newest_needed(p->v[i].state)) > most)
+			most = n;
+	}
+	return most;
+}
+
 int
 histd_pipeline_transform(const histd_pipeline *p, histd_view *v)
 {

@@ -58,7 +58,10 @@
 #include "histd/v1/histd.pb-c.h"
 #include "histd_error.h"
 
-#define HISTD_PLUGIN_VERSION 1
+/* 2 added histd_plugin.newest_needed. The host accepts a plugin of any
+ * version from 1 to its own and never reads hooks newer than the
+ * plugin's version. */
+#define HISTD_PLUGIN_VERSION 2
 
 /* transform: "I need older messages than the view holds" (only returned
  * when v->complete is 0); the pipeline loads more and runs every
@@ -208,6 +211,14 @@ struct histd_plugin {
 	 * compaction), or a negative code with the thread's message set
 	 * (EUNAVAILABLE, ELIMIT: retried with backoff). Blocks. */
 	int (*reduce)(void *state, histd_reduce *r);
+
+	/* Version 2. Optional, an efficiency hint: with this many of the
+	 * newest messages loaded, transform decides without asking for
+	 * more (a window of max_messages N: N + 1); 0 for no bound. The host
+	 * loads the largest hint of the pipeline first (else its default);
+	 * HISTD_PLUGIN_MORE still applies, so a low hint costs a second
+	 * pass, never a different view. */
+	uint32_t (*newest_needed)(void *state);
 };
 
 /* What a shared object exports, under this symbol name: a function that
@@ -289,6 +300,10 @@ int histd_pipeline_after_append(const histd_pipeline *p,
 /* The first plugin with a reduce hook, or -1 (then the host uses
  * compaction with its defaults). */
 int histd_pipeline_reducer(const histd_pipeline *p);
+
+/* The largest newest_needed hint of p's plugins, or 0 when none gives
+ * one. */
+uint32_t histd_pipeline_newest_needed(const histd_pipeline *p);
 
 /* ---------------------------------------------------------------------- */
 /* Views (pipeline.c)                                                      */

@@ -186,10 +186,24 @@ histd_window_retention_delete(const void *state)
 	return w && w->retention_delete;
 }
 
+/* With max_messages alone the window needs the newest max_messages + 1:
+ * one more than it keeps tells it older messages exist. A token budget
+ * gives no bound. */
+static uint32_t
+w_newest_needed(void *state)
+{
+	const struct window *w = state;
+
+	if (w->max_tokens || w->max_messages >= UINT32_MAX)
+		return 0;
+	return (uint32_t)w->max_messages + 1;
+}
+
 const histd_plugin histd_plugin_window = {
 	.version = HISTD_PLUGIN_VERSION,
 	.name = "window",
 	.configure = w_configure,
 	.release = w_release,
 	.transform = w_transform,
+	.newest_needed = w_newest_needed,
 };

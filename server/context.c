@@ -55,6 +55,10 @@ struct sum_view {
 	uint8_t *msg;              /* the summary message, packed */
 	size_t msg_len;
 	uint32_t tokens;           /* its estimate */
+	/* The Summary the response names: the stored one without its text
+	 * (the summary message carries it), packed. */
+	uint8_t *meta;
+	size_t meta_len;
 };
 
 /* What the context knows of one session. Entries live until the context
@@ -86,6 +90,9 @@ struct sess {
 	struct sys_msg *sys;
 	size_t n_sys, cap_sys;
 	struct sum_view *sumv;     /* the newest summary seen, or NULL */
+	/* How many messages a CONTEXT read loads first: its pipeline's
+	 * newest_needed as of the last read (0: FIRST_LOAD). */
+	_Atomic uint32_t load_hint;
 	/* Tokens of the messages a summary covers (worker only). */
 	uint64_t cov_to, cov_cleared, cov_tokens;
 	int cov_known;
@@ -168,15 +175,25 @@ key_hash(const char *tenant, const char *id)
  * is noticed within this time. */
 #define NO_REDUCER_TTL_US (10 * 1000000LL)
 
+/* The entry of (tenant, id), or NULL; x->lock held. */
+static struct sess *
+sess_find(histd_context *x, const char *tenant, const char *id)
+{
+	struct sess *s = x->table[key_hash(tenant, id) % BUCKETS];
+
+	while (s && (strcmp(s->tenant, tenant) || strcmp(s->id, id)))
+		s = s->next;
+	return s;
+}
+
 static struct sess *
 sess_get(histd_context *x, histd_driver *d, const char *tenant,
 	 const char *id)
 {
 	struct sess **b = &x->table[key_hash(tenant, id) % BUCKETS], *s;
 
-	for (s = *b; s; s = s->next)
-		if (!strcmp(s->tenant, tenant) && !strcmp(s->id, id))
-			return s;
+	if ((s = sess_find(x, tenant, id)))
+		return s;
 	if (!(s = calloc(1, sizeof(*s))))
 		return NULL;
 	s->tenant = strdup(tenant);
@@ -211,6 +228,7 @@ sum_view_unref(struct sum_view *sv)
 		histd__v1__summary__free_unpacked(sv->sum, NULL);
 	free(sv->rec);
 	free(sv->msg);
+	free(sv->meta);
 	free(sv);
 }
 
@@ -415,10 +433,10 @@ index_update(struct sess *s, histd_driver *d, const char *tenant,
 /* ---------------------------------------------------------------------- */
 /* The CONTEXT view                                                        */
 
-/* Packs the view into a GetMessagesResponse. summary: the stored record
- * or NULL. */
+/* Packs the view into a GetMessagesResponse. sv: the summary applied, or
+ * NULL. */
 static int
-view_pack(histd_view *v, const histd_record *summary, uint64_t revision,
+view_pack(histd_view *v, const struct sum_view *sv, uint64_t revision,
 	  uint8_t **out, size_t *len)
 {
 	size_t size = 0, o = 0, *plen;
@@ -436,8 +454,8 @@ view_pack(histd_view *v, const histd_record *summary, uint64_t revision,
 		size += 1 + histd_wire_varint_size(plen[i]) + plen[i];
 		tokens += it->tokens;
 	}
-	if (summary)
-		size += 1 + histd_wire_varint_size(summary->len) + summary->len;
+	if (sv)
+		size += 1 + histd_wire_varint_size(sv->meta_len) + sv->meta_len;
 	size += 2 * (1 + HISTD_WIRE_VARINT_MAX);
 	if (!(buf = malloc(size))) {
 		free(plen);
@@ -458,10 +476,10 @@ view_pack(histd_view *v, const histd_record *summary, uint64_t revision,
 		buf[o++] = 3 << 3;
 		o += histd_wire_put_varint(buf + o, revision);
 	}
-	if (summary) {
-		o += histd_wire_put_len_key(buf + o, 4, summary->len);
-		memcpy(buf + o, summary->data, summary->len);
-		o += summary->len;
+	if (sv) {
+		o += histd_wire_put_len_key(buf + o, 4, sv->meta_len);
+		memcpy(buf + o, sv->meta, sv->meta_len);
+		o += sv->meta_len;
 	}
 	if (tokens) {
 		buf[o++] = 5 << 3;
@@ -613,6 +631,17 @@ summary_view(struct sess *s, histd_view *v, const histd_record *rec,
 		return enomem();
 	}
 	histd__v1__message__pack(m, sv->msg);
+	{
+		Histd__V1__Summary meta = *sv->sum;
+
+		meta.text = "";
+		sv->meta_len = histd__v1__summary__get_packed_size(&meta);
+		if (!(sv->meta = malloc(sv->meta_len ? sv->meta_len : 1))) {
+			sum_view_unref(sv);
+			return enomem();
+		}
+		histd__v1__summary__pack(&meta, sv->meta);
+	}
 
 	pthread_mutex_lock(&s->idx_lock);
 	sum_view_unref(s->sumv);
@@ -730,6 +759,8 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 		rc = enomem();
 		goto out;
 	}
+	atomic_store_explicit(&s->load_hint, histd_pipeline_newest_needed(p),
+			      memory_order_relaxed);
 	if (sumrec) {
 		if ((rc = summary_view(s, v, sumrec, &sv)))
 			goto out;
@@ -763,7 +794,7 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	}
 	if ((rc = fit_bytes(v, max_bytes)))
 		goto out;
-	rc = view_pack(v, sum ? sumrec : NULL, res.revision, out, len);
+	rc = view_pack(v, sum ? sv : NULL, res.revision, out, len);
 out:
 	histd_view_free(v);
 	if (owned)
@@ -809,10 +840,20 @@ histd_context_get_messages(histd_context *x, histd_driver *d,
 			   size_t *len)
 {
 	uint32_t load = FIRST_LOAD;
+	struct sess *s;
 	int rc;
 
 	if (!(x = ctx_or_fallback(x)))
 		return enomem();
+	/* The pipeline's hint as of the last read: a stale one (the config
+	 * changed since) costs at most a second pass. Entries are made by
+	 * reads that succeed, never for a session that does not exist. */
+	pthread_mutex_lock(&x->lock);
+	s = sess_find(x, tenant, r->session_id);
+	if (s && atomic_load_explicit(&s->load_hint, memory_order_relaxed))
+		load = atomic_load_explicit(&s->load_hint,
+					    memory_order_relaxed);
+	pthread_mutex_unlock(&x->lock);
 	if (r->last_n > load)
 		load = r->last_n;
 	*out = NULL;

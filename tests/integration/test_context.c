@@ -250,6 +250,14 @@ reduce_publishes_a_reduced_event_and_the_view_starts_with_it(void **state)
 	assert_memory_equal(tm_first_text(g->messages[1]),
 			    "[Earlier conversation summary: ", 31);
 	assert_true(g->messages[2]->seq > rr->summary->covers_to_seq);
+	/* The response's summary is the one applied, its text sent once:
+	 * in the summary message, not again in the summary field. */
+	assert_int_equal(g->summary->covers_to_seq, rr->summary->covers_to_seq);
+	assert_string_equal(g->summary->model, rr->summary->model);
+	assert_string_equal(g->summary->text, "");
+	assert_true(rr->summary->text[0] != '\0');
+	assert_non_null(strstr(tm_first_text(g->messages[1]),
+			       rr->summary->text));
 	histd_client_message_free((ProtobufCMessage *)g);
 	histd_client_message_free((ProtobufCMessage *)rr);
 	ta_free(a);

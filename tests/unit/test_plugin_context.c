@@ -744,6 +744,121 @@ context_of_a_long_session_reads_only_its_tail(void **state)
 	}
 }
 
+/* Packed messages of two views are the same, in order (but for
+ * created_at: the two sessions were written at different times). */
+static void
+assert_same_messages(const Histd__V1__GetMessagesResponse *x,
+		     const Histd__V1__GetMessagesResponse *y)
+{
+	assert_int_equal(x->n_messages, y->n_messages);
+	assert_int_equal(x->token_estimate, y->token_estimate);
+	for (size_t i = 0; i < x->n_messages; i++) {
+		Google__Protobuf__Timestamp *ta = x->messages[i]->created_at;
+		Google__Protobuf__Timestamp *tb = y->messages[i]->created_at;
+		size_t n;
+		uint8_t *a, *b;
+
+		x->messages[i]->created_at = NULL;
+		y->messages[i]->created_at = NULL;
+		n = histd__v1__message__get_packed_size(x->messages[i]);
+		a = malloc(n);
+		b = malloc(n);
+
+		assert_int_equal(n, histd__v1__message__get_packed_size(
+					    y->messages[i]));
+		histd__v1__message__pack(x->messages[i], a);
+		histd__v1__message__pack(y->messages[i], b);
+		x->messages[i]->created_at = ta;
+		y->messages[i]->created_at = tb;
+		assert_memory_equal(a, b, n);
+		free(a);
+		free(b);
+	}
+}
+
+/*
+ * A window of max_messages N makes a CONTEXT read load the newest N + 1
+ * messages (the newest_needed hint) rather than 32: the view must be the
+ * one a read of everything gives. Session "hint-<N>" has masking then the
+ * window; "all-<N>" the same behind a window of 1,000,000 messages, whose
+ * hint loads the whole session and which changes nothing. After every
+ * append, with tool turns of one and of two parallel calls, both views
+ * are equal.
+ */
+static void
+the_window_hint_loads_less_and_changes_nothing(void **state)
+{
+	(void)state;
+	for (int w = 3; w <= 7; w += 2) {
+		char ws[16], hint[32], all[32];
+		const char *const pl[] = {
+			"masking", "keep_recent_results", "1",
+			"window", "max_messages", ws, NULL };
+		const char *const pl_all[] = {
+			"window", "max_messages", "1000000",
+			"masking", "keep_recent_results", "1",
+			"window", "max_messages", ws, NULL };
+		int msgs = 0;
+
+		snprintf(ws, sizeof(ws), "%d", w);
+		snprintf(hint, sizeof(hint), "hint-%d", w);
+		snprintf(all, sizeof(all), "all-%d", w);
+		assert_int_equal(create(hint, pl), 0);
+		assert_int_equal(create(all, pl_all), 0);
+		for (int i = 0; i < 12; i++) {
+			const char *ids[2] = { NULL, NULL };
+			char c0[32], c1[32];
+			Histd__V1__Role roles[6];
+			const char *texts[6], *calls[6], *results[6];
+			int n = 0;
+
+			snprintf(c0, sizeof(c0), "c%d-0", i);
+			snprintf(c1, sizeof(c1), "c%d-1", i);
+			ids[0] = c0;
+			ids[1] = i % 3 == 1 ? c1 : NULL;
+			roles[n] = HISTD__V1__ROLE__ROLE_USER;
+			texts[n] = "Question.";
+			calls[n] = results[n] = NULL;
+			n++;
+			for (int k = 0; k < 2 && ids[k]; k++) {
+				roles[n] = HISTD__V1__ROLE__ROLE_ASSISTANT;
+				texts[n] = NULL;
+				calls[n] = ids[k];
+				results[n] = NULL;
+				n++;
+			}
+			for (int k = 0; k < 2 && ids[k]; k++) {
+				roles[n] = HISTD__V1__ROLE__ROLE_TOOL;
+				texts[n] = "a result long enough to mask";
+				calls[n] = NULL;
+				results[n] = ids[k];
+				n++;
+			}
+			roles[n] = HISTD__V1__ROLE__ROLE_ASSISTANT;
+			texts[n] = "Answer.";
+			calls[n] = results[n] = NULL;
+			n++;
+			for (int k = 0; k < n; k++) {
+				Histd__V1__GetMessagesResponse *x, *y;
+
+				append_msg(hint, roles[k], texts[k], calls[k],
+					   results[k]);
+				append_msg(all, roles[k], texts[k], calls[k],
+					   results[k]);
+				msgs++;
+				x = get(hint, HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+				y = get(all, HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+				assert_same_messages(x, y);
+				if (msgs > w + 4)
+					assert_true(x->n_messages <=
+						    (size_t)w);
+				free_msg(x);
+				free_msg(y);
+			}
+		}
+	}
+}
+
 int
 main(void)
 {
@@ -771,6 +886,9 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(ttl_deletes_idle_sessions_only,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			the_window_hint_loads_less_and_changes_nothing,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			context_of_a_long_session_reads_only_its_tail, setup,
 			teardown),

@@ -730,6 +730,71 @@ pipeline_specs_parse_and_refuse_unknown_names(void **state)
 	assert_int_equal(histd_pipeline_parse("nope", "x", &p), HISTD_EINVALID);
 }
 
+/* Version 1 of the struct ends before newest_needed: a plugin of that
+ * version is never asked, whatever lies past its struct. */
+static uint32_t
+hint_1000(void *state)
+{
+	(void)state;
+	return 1000;
+}
+
+static int
+v1_configure(const histd_plugin_opt *o, size_t n, void **state, char *err,
+	     size_t cap)
+{
+	(void)o;
+	(void)n;
+	(void)state;
+	(void)err;
+	(void)cap;
+	return 0;
+}
+
+static void
+v1_release(void *state)
+{
+	(void)state;
+}
+
+static int
+v1_transform(void *state, histd_view *v)
+{
+	(void)state;
+	(void)v;
+	return 0;
+}
+
+static void
+the_load_hint_is_the_largest_window_by_messages(void **state)
+{
+	static const histd_plugin v1 = {
+		.version = 1, .name = "old_v1", .configure = v1_configure,
+		.release = v1_release, .transform = v1_transform,
+		.newest_needed = hint_1000 };
+	histd_pipeline *p;
+
+	(void)state;
+	p = parse("masking;window:max_messages=20");
+	assert_int_equal(histd_pipeline_newest_needed(p), 21);
+	histd_pipeline_free(p);
+	p = parse("window:max_messages=5;window:max_messages=40");
+	assert_int_equal(histd_pipeline_newest_needed(p), 41);
+	histd_pipeline_free(p);
+	/* A token budget bounds nothing by count; nor does masking. */
+	p = parse("window:max_tokens=1000");
+	assert_int_equal(histd_pipeline_newest_needed(p), 0);
+	histd_pipeline_free(p);
+	p = parse("masking");
+	assert_int_equal(histd_pipeline_newest_needed(p), 0);
+	histd_pipeline_free(p);
+	assert_int_equal(histd_pipeline_newest_needed(NULL), 0);
+	assert_int_equal(histd_plugin_register(&v1), 0);
+	p = parse("old_v1;window:max_messages=3");
+	assert_int_equal(histd_pipeline_newest_needed(p), 4);
+	histd_pipeline_free(p);
+}
+
 static void
 registry_refuses_a_plugin_without_hooks_or_with_a_bad_version(void **state)
 {
@@ -824,6 +889,7 @@ main(void)
 		cmocka_unit_test(extractive_summary_is_deterministic_and_rolls),
 		cmocka_unit_test(auto_reduce_when_fires_on_any_condition),
 		cmocka_unit_test(pipeline_specs_parse_and_refuse_unknown_names),
+		cmocka_unit_test(the_load_hint_is_the_largest_window_by_messages),
 		cmocka_unit_test(
 			registry_refuses_a_plugin_without_hooks_or_with_a_bad_version),
 		cmocka_unit_test(
