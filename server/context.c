@@ -93,6 +93,7 @@ struct sess {
 	/* How many messages a CONTEXT read loads first: its pipeline's
 	 * newest_needed as of the last read (0: FIRST_LOAD). */
 	_Atomic uint32_t load_hint;
+	_Atomic int noted;         /* its tenant is in x->tenants */
 	/* Tokens of the messages a summary covers (worker only). */
 	uint64_t cov_to, cov_cleared, cov_tokens;
 	int cov_known;
@@ -108,7 +109,9 @@ struct histd_context {
 	pthread_mutex_t lock;
 	pthread_cond_t work;       /* workers: something became due */
 	pthread_cond_t idle;       /* a compaction finished */
-	struct sess *table[BUCKETS];
+	/* Entries are added under lock and only freed with the context:
+	 * lookups (sess_find) take no lock. */
+	_Atomic(struct sess *) table[BUCKETS];
 	/* Sessions with an automatic check queued, oldest first. */
 	struct sess *qhead, *qtail;
 	int stop;
@@ -124,7 +127,7 @@ struct histd_context {
 	 * never written by hooks). At most PIPE_CACHE; past that, reads
 	 * build their own. */
 	pthread_mutex_t pipe_lock;
-	struct pipe_entry *pipes;
+	_Atomic(struct pipe_entry *) pipes;   /* read without the lock */
 	size_t n_pipes;
 
 	/* What this context put in no_truncate_driver (NULL: nothing). */
@@ -175,7 +178,8 @@ key_hash(const char *tenant, const char *id)
  * is noticed within this time. */
 #define NO_REDUCER_TTL_US (10 * 1000000LL)
 
-/* The entry of (tenant, id), or NULL; x->lock held. */
+/* The entry of (tenant, id), or NULL; no lock needed (entries are
+ * published whole and never freed before the context). */
 static struct sess *
 sess_find(histd_context *x, const char *tenant, const char *id)
 {
@@ -190,7 +194,8 @@ static struct sess *
 sess_get(histd_context *x, histd_driver *d, const char *tenant,
 	 const char *id)
 {
-	struct sess **b = &x->table[key_hash(tenant, id) % BUCKETS], *s;
+	_Atomic(struct sess *) *b = &x->table[key_hash(tenant, id) % BUCKETS];
+	struct sess *s;
 
 	if ((s = sess_find(x, tenant, id)))
 		return s;
@@ -207,7 +212,7 @@ sess_get(histd_context *x, histd_driver *d, const char *tenant,
 	pthread_mutex_init(&s->idx_lock, NULL);
 	s->d = d;
 	s->next = *b;
-	*b = s;
+	*b = s;        /* publishes s, complete, to sess_find */
 	return s;
 }
 
@@ -289,12 +294,11 @@ session_pipeline(histd_context *x, const histd_session *s,
 		*out = x->def;
 		return 0;
 	}
-	pthread_mutex_lock(&x->pipe_lock);
+	/* Entries are immutable once published, freed with the context. */
 	for (e = x->pipes; e; e = e->next)
 		if (e->len == s->config_len &&
 		    !memcmp(e->bytes, s->config, e->len))
 			break;
-	pthread_mutex_unlock(&x->pipe_lock);
 	if (e) {
 		*out = e->p;
 		return 0;
@@ -750,11 +754,17 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 		rc = enomem();
 		goto out;
 	}
-	pthread_mutex_lock(&x->lock);
-	s = sess_get(x, d, tenant, r->session_id);
-	if (s)
-		note_tenant(x, tenant);
-	pthread_mutex_unlock(&x->lock);
+	if (!(s = sess_find(x, tenant, r->session_id)) ||
+	    !atomic_load_explicit(&s->noted, memory_order_acquire)) {
+		pthread_mutex_lock(&x->lock);
+		s = sess_get(x, d, tenant, r->session_id);
+		if (s) {
+			note_tenant(x, tenant);
+			atomic_store_explicit(&s->noted, 1,
+					      memory_order_release);
+		}
+		pthread_mutex_unlock(&x->lock);
+	}
 	if (!s) {
 		rc = enomem();
 		goto out;
@@ -848,12 +858,10 @@ histd_context_get_messages(histd_context *x, histd_driver *d,
 	/* The pipeline's hint as of the last read: a stale one (the config
 	 * changed since) costs at most a second pass. Entries are made by
 	 * reads that succeed, never for a session that does not exist. */
-	pthread_mutex_lock(&x->lock);
 	s = sess_find(x, tenant, r->session_id);
 	if (s && atomic_load_explicit(&s->load_hint, memory_order_relaxed))
 		load = atomic_load_explicit(&s->load_hint,
 					    memory_order_relaxed);
-	pthread_mutex_unlock(&x->lock);
 	if (r->last_n > load)
 		load = r->last_n;
 	*out = NULL;
