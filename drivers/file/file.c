@@ -520,6 +520,76 @@ out:
 	return rc;
 }
 
+/*
+ * The prologue of delete, clear and truncate: the write lock, the session
+ * (NOT_FOUND) and its revision (ABORTED). 0 with the lock held and *out
+ * set; else the answer, the lock released.
+ */
+static int
+lock_session(hf_driver *d, const char *tenant, const char *id,
+	     uint64_t expected_revision, uint64_t *current_revision,
+	     hf_session **out)
+{
+	int rc;
+
+	if ((rc = lock_write(d)))
+		return rc;
+	if (!(*out = find(d, tenant, id)))
+		return settle_missing(d, not_found());
+	if ((rc = hf_check_revision(*out, expected_revision,
+				    current_revision)))
+		return settle(d, (*out)->lsn, rc);
+	return 0;
+}
+
+/* Begins the log record `type` of session s: tenant, id and the revision
+ * it makes. NULL when the log takes nothing (the lock released). */
+static hf_buf *
+record_begin(hf_driver *d, uint8_t type, const char *tenant, const char *id,
+	     const hf_session *s, size_t *mark)
+{
+	hf_buf *b = hf_wal_begin(d->wal);
+
+	if (!b) {
+		pthread_rwlock_unlock(&d->lock);
+		return NULL;
+	}
+	*mark = hf_frame_begin(b, type);
+	hf_put_str(b, tenant);
+	hf_put_str(b, id);
+	hf_put_varint(b, s->revision + 1);
+	return b;
+}
+
+/* Ends the record and queues it with its change notice `kind`; 0, or the
+ * error with the lock released (ELIMIT, ENOMEM). *nt: the notice, NULL
+ * when nobody listens. */
+static int
+record_end(hf_driver *d, hf_buf *b, size_t mark, enum histd_change_kind kind,
+	   const hf_session *s, hf_note **nt)
+{
+	int rc;
+
+	hf_frame_end(b, mark);
+	/* Reported as one more revision, as the memory driver does. */
+	*nt = note_new(d, kind, s, s->revision + 1, NULL, 0, NULL);
+	if ((rc = encoded(d, b, mark, 1, *nt)))
+		pthread_rwlock_unlock(&d->lock);
+	return rc;
+}
+
+/* A record of nothing but tenant, id and revision (delete, clear). */
+static int
+record_plain(hf_driver *d, uint8_t type, enum histd_change_kind kind,
+	     const char *tenant, const char *id, const hf_session *s,
+	     hf_note **nt)
+{
+	size_t mark;
+	hf_buf *b = record_begin(d, type, tenant, id, s, &mark);
+
+	return b ? record_end(d, b, mark, kind, s, nt) : HISTD_EUNAVAILABLE;
+}
+
 static int
 fd_session_delete(histd_driver *dd, const char *tenant, const char *id,
 		  uint64_t expected_revision, uint64_t *current_revision)
@@ -527,31 +597,13 @@ fd_session_delete(histd_driver *dd, const char *tenant, const char *id,
 	hf_driver *d = (hf_driver *)dd;
 	hf_note *nt;
 	hf_session *s;
-	size_t mark;
-	hf_buf *b;
 	int rc;
 
-	if ((rc = lock_write(d)))
+	if ((rc = lock_session(d, tenant, id, expected_revision,
+			       current_revision, &s)) ||
+	    (rc = record_plain(d, HF_T_DELETE, HISTD_CHANGE_DELETED, tenant, id,
+			       s, &nt)))
 		return rc;
-	if (!(s = find(d, tenant, id)))
-		return settle_missing(d, not_found());
-	if ((rc = hf_check_revision(s, expected_revision, current_revision)))
-		return settle(d, s->lsn, rc);
-	if (!(b = hf_wal_begin(d->wal))) {
-		pthread_rwlock_unlock(&d->lock);
-		return HISTD_EUNAVAILABLE;
-	}
-	mark = hf_frame_begin(b, HF_T_DELETE);
-	hf_put_str(b, tenant);
-	hf_put_str(b, id);
-	hf_put_varint(b, s->revision + 1);
-	hf_frame_end(b, mark);
-	/* Reported as one more revision, as the memory driver does. */
-	nt = note_new(d, HISTD_CHANGE_DELETED, s, s->revision + 1, NULL, 0, NULL);
-	if ((rc = encoded(d, b, mark, 1, nt))) {
-		pthread_rwlock_unlock(&d->lock);
-		return rc;
-	}
 	hf_index_forget(s);
 	hf_session_remove(d, s);
 	hf_session_destroy(d, s);
@@ -899,30 +951,13 @@ fd_clear(histd_driver *dd, const char *tenant, const char *id,
 	hf_driver *d = (hf_driver *)dd;
 	hf_session *s;
 	hf_note *nt;
-	size_t mark;
-	hf_buf *b;
 	int rc;
 
-	if ((rc = lock_write(d)))
+	if ((rc = lock_session(d, tenant, id, expected_revision,
+			       current_revision, &s)) ||
+	    (rc = record_plain(d, HF_T_CLEAR, HISTD_CHANGE_CLEARED, tenant, id,
+			       s, &nt)))
 		return rc;
-	if (!(s = find(d, tenant, id)))
-		return settle_missing(d, not_found());
-	if ((rc = hf_check_revision(s, expected_revision, current_revision)))
-		return settle(d, s->lsn, rc);
-	if (!(b = hf_wal_begin(d->wal))) {
-		pthread_rwlock_unlock(&d->lock);
-		return HISTD_EUNAVAILABLE;
-	}
-	mark = hf_frame_begin(b, HF_T_CLEAR);
-	hf_put_str(b, tenant);
-	hf_put_str(b, id);
-	hf_put_varint(b, s->revision + 1);
-	hf_frame_end(b, mark);
-	nt = note_new(d, HISTD_CHANGE_CLEARED, s, s->revision + 1, NULL, 0, NULL);
-	if ((rc = encoded(d, b, mark, 1, nt))) {
-		pthread_rwlock_unlock(&d->lock);
-		return rc;
-	}
 	hf_apply_clear(d, s);
 	hf_index_clear(s);
 	if (nt)
@@ -1010,12 +1045,9 @@ fd_truncate(histd_driver *dd, const char *tenant, const char *id,
 	hf_buf *b;
 	int rc;
 
-	if ((rc = lock_write(d)))
+	if ((rc = lock_session(d, tenant, id, expected_revision,
+			       current_revision, &s)))
 		return rc;
-	if (!(s = find(d, tenant, id)))
-		return settle_missing(d, not_found());
-	if ((rc = hf_check_revision(s, expected_revision, current_revision)))
-		return settle(d, s->lsn, rc);
 	if (!hf_truncate_deletes(s, up_to_seq)) {
 		*revision = s->revision;
 		return settle(d, s->lsn, 0);
@@ -1025,21 +1057,13 @@ fd_truncate(histd_driver *dd, const char *tenant, const char *id,
 		up_to_seq = s->last_seq;
 	if (!(victims = malloc((s->tools.n ? s->tools.n : 1) * sizeof(*victims))))
 		return settle(d, 0, enomem());
-	if (!(b = hf_wal_begin(d->wal))) {
+	if (!(b = record_begin(d, HF_T_TRUNCATE, tenant, id, s, &mark))) {
 		free(victims);
-		pthread_rwlock_unlock(&d->lock);
 		return HISTD_EUNAVAILABLE;
 	}
-	mark = hf_frame_begin(b, HF_T_TRUNCATE);
-	hf_put_str(b, tenant);
-	hf_put_str(b, id);
-	hf_put_varint(b, s->revision + 1);
 	hf_put_varint(b, up_to_seq);
-	hf_frame_end(b, mark);
-	nt = note_new(d, HISTD_CHANGE_CLEARED, s, s->revision + 1, NULL, 0, NULL);
-	if ((rc = encoded(d, b, mark, 1, nt))) {
+	if ((rc = record_end(d, b, mark, HISTD_CHANGE_CLEARED, s, &nt))) {
 		free(victims);
-		pthread_rwlock_unlock(&d->lock);
 		return rc;
 	}
 	hf_apply_truncate(d, s, up_to_seq, victims);
