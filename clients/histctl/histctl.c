@@ -573,11 +573,13 @@ static void print_message_header(void)
 	printf("CONTENT\n");
 }
 
+/* A CONTEXT view's summary comes without its text (the view's summary
+ * message holds it): then only the line of what it covers. */
 static void print_summary(const Histd__V1__Summary *s)
 {
-	printf("summary of seq %" PRIu64 "..%" PRIu64 " (%u tokens%s%s): %s\n",
+	printf("summary of seq %" PRIu64 "..%" PRIu64 " (%u tokens%s%s)%s%s\n",
 	       s->covers_from_seq, s->covers_to_seq, s->token_estimate,
-	       *s->model ? ", " : "", s->model, s->text);
+	       *s->model ? ", " : "", s->model, *s->text ? ": " : "", s->text);
 }
 
 static void print_kv_line(const char *title, json_t *obj)
