@@ -1182,6 +1182,13 @@ typedef struct fast {
  * transactions, WAL flush included, and batches would queue behind each
  * other. A notice lost because histd died between the two is made up for
  * by the listeners' periodic sweep (watch.c).
+ *
+ * The statement runs in the implicit transaction of the extended protocol,
+ * which PostgreSQL commits when it reaches the Sync: the statement's rows
+ * arrive before that commit. Only the first PGRES_PIPELINE_SYNC says the
+ * batch committed; a connection lost between the rows and it (a fast
+ * shutdown terminates backends there) leaves the outcome unknown, and the
+ * batch answers EUNAVAILABLE, never OK.
  */
 static int
 fast_pipeline(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
@@ -1189,7 +1196,7 @@ fast_pipeline(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
 {
 	PGconn *pg = c->pg;
 	PGresult *r, *res[2] = { NULL, NULL };
-	int rc = 0, broken = 0;
+	int rc = 0, broken = 0, committed = 0, had_rows;
 
 	*retry = 0;
 	if (!PQenterPipelineMode(pg) ||
@@ -1224,6 +1231,8 @@ fast_pipeline(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
 		r = PQgetResult(pg);
 		if (!r || PQresultStatus(r) != PGRES_PIPELINE_SYNC)
 			broken = 1;
+		else if (i == 0)
+			committed = 1;
 		PQclear(r);
 		if (PQstatus(pg) != CONNECTION_OK)
 			broken = 1;
@@ -1232,7 +1241,7 @@ fast_pipeline(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
 		broken = 1;
 	PQclear(res[1]);
 	if (broken) {
-		if (res[0] && rc == 0) {
+		if (res[0] && rc == 0 && committed) {
 			/* Committed and answered; only the notice is lost. */
 			PQfinish(c->pg);
 			c->pg = NULL;
@@ -1240,9 +1249,21 @@ fast_pipeline(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
 			*out = res[0];
 			return 0;
 		}
+		had_rows = res[0] != NULL;
 		PQclear(res[0]);
-		if (rc == 0)
+		if (rc == 0 && had_rows) {
+			/* The rows came, the commit's answer did not: it may
+			 * or may not have happened. Not retried (pg_txn:
+			 * commit sent, connection lost); the sweep re-reads
+			 * in case it did. */
+			*retry = 0;
+			rc = histd_error_set(HISTD_EUNAVAILABLE,
+				"PostgreSQL did not confirm the commit: the "
+				"write may not be applied");
+			pg_watch_sweep(d);
+		} else if (rc == 0) {
 			rc = pg_error(d, pg, NULL, retry);
+		}
 		PQfinish(c->pg);
 		c->pg = NULL;
 		return rc;
