@@ -1050,6 +1050,18 @@ wait_wake(struct pg_watch *w, int fd, int timeout_ms)
 	return n;
 }
 
+/* Whether sessions wait in the queue for a catch-up. */
+static int
+queued(struct pg_watch *w)
+{
+	size_t n;
+
+	pthread_mutex_lock(&w->q_mu);
+	n = w->q_n;
+	pthread_mutex_unlock(&w->q_mu);
+	return n != 0;
+}
+
 static int
 listen_on(pg_driver *d)
 {
@@ -1109,9 +1121,11 @@ listener(void *arg)
 	int64_t last_tick = histd_mono_us(), last_purge = histd_mono_us();
 	int64_t last_sweep = histd_mono_us();
 	int was_connected = 1;   /* open() connected: nothing missed yet */
+	int failed = 0;          /* the last catch-ups failed */
 
 	while (!atomic_load(&w->stop)) {
 		int64_t now;
+		int rq;
 
 		if (!w->pg) {
 			/* Only a failed connect says the server is down: a lost
@@ -1134,7 +1148,13 @@ listener(void *arg)
 				continue;
 			}
 		}
-		wait_wake(w, PQsocket(w->pg), TICK_MS);
+		/* Notices libpq read during the last queries (catch-ups,
+		 * probe, sweep): the socket will not wake the poll for them.
+		 * Sessions they queued are read at once; but catch-ups that
+		 * just failed wait for the tick, not a busy loop. */
+		parse_notices(d, w->pg);
+		wait_wake(w, PQsocket(w->pg),
+			  !failed && queued(w) ? 0 : TICK_MS);
 		if (atomic_load(&w->stop))
 			break;
 		if (!PQconsumeInput(w->pg) || PQstatus(w->pg) != CONNECTION_OK) {
@@ -1148,10 +1168,11 @@ listener(void *arg)
 			lost(w, &was_connected);
 			continue;
 		}
-		if (run_queue(d) != 0 && PQstatus(w->pg) != CONNECTION_OK) {
+		if ((rq = run_queue(d)) != 0 && PQstatus(w->pg) != CONNECTION_OK) {
 			lost(w, &was_connected);
 			continue;
 		}
+		failed = rq != 0;
 		now = histd_mono_us();
 		if (now - last_tick >= TICK_MS * INT64_C(1000)) {
 			last_tick = now;

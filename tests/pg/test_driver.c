@@ -598,18 +598,24 @@ second_instance_gets_every_change_of_the_first_in_order(void **state)
 		assert_int_equal(h.v[i].records_null, 0);
 	}
 
+	/* Each change is waited for before the next: a replica that reads a
+	 * change only after the session was deleted finds nothing left to
+	 * read, and reports the deletion alone. */
 	assert_int_equal(histd_driver_clear(f->d, "t", "s", 0, &rev, &cleared, NULL), 0);
+	wait_revision(&h, rev, 10000);
 	sum = pack_message("summary", "", 0, &len);
 	summary = (histd_record){ .seq = 100, .token_estimate = 3, .len = (uint32_t)len,
 				  .data = sum };
 	assert_int_equal(histd_driver_summary_put(f->d, "t", "s", 0, &summary, &rev,
 						  NULL), 0);
 	free(sum);
+	wait_revision(&h, rev, 10000);
 	assert_int_equal(histd_driver_session_update(f->d, "t", "s", 0, &label, 1,
 						     NULL, 0, histd_now_us(), &upd,
 						     NULL), 0);
 	histd_session_free(upd);
 	rev = revision_of(f->d, "s");
+	wait_revision(&h, rev, 10000);
 	assert_int_equal(histd_driver_session_delete(f->d, "t", "s", 0, NULL), 0);
 	wait_revision(&h, rev + 1, 10000);
 	pthread_mutex_lock(&h.mu);
