@@ -370,9 +370,7 @@ import(histd_imp *im, json_t *root)
 
 	json_object_foreach(root, k, v)
 		if (strcmp(k, "system") && strcmp(k, "messages") &&
-		    (rc = histd_strlist_addf(&im->t->dropped,
-					     "%s: not part of the transcript",
-					     k)))
+		    (rc = histd_imp_drop_member(im, k)))
 			return rc;
 	if ((v = json_object_get(root, "system"))) {
 		p = histd_imp_key(im, "system");

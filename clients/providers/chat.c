@@ -443,9 +443,7 @@ histd_chat_import(const histd_chat_dialect *d, histd_imp *im, json_t *root)
 
 	json_object_foreach(root, k, v)
 		if (strcmp(k, "messages") &&
-		    (rc = histd_strlist_addf(&im->t->dropped,
-					     "%s: not part of the transcript",
-					     k)))
+		    (rc = histd_imp_drop_member(im, k)))
 			return rc;
 	if ((rc = histd_get_arr(im, root, "messages", 1, &msgs)))
 		return rc;

@@ -144,13 +144,33 @@ histd_format_parse(const char *name, Histd__V1__Format *out)
 /* ---------------------------------------------------------------------- */
 /* Paths                                                                  */
 
+/* A JSON key as a path names it: a control byte (a key may hold any) as
+ * \xNN, so that a path, and an error naming it, stays one line. */
+static void
+key_text(char *out, size_t cap, const char *key)
+{
+	size_t o = 0;
+
+	for (const unsigned char *k = (const unsigned char *)key;
+	     *k && o + 5 < cap; k++) {
+		if (*k < 0x20 || *k == 0x7f)
+			o += (size_t)snprintf(out + o, cap - o, "\\x%02x", *k);
+		else
+			out[o++] = (char)*k;
+	}
+	out[o] = '\0';
+}
+
 size_t
 histd_imp_key(histd_imp *im, const char *key)
 {
+	char k[HISTD_PATH_MAX];
 	size_t old = im->plen;
-	int n = snprintf(im->path + old, sizeof(im->path) - old, "%s%s",
-			 old ? "." : "", key);
+	int n;
 
+	key_text(k, sizeof(k), key);
+	n = snprintf(im->path + old, sizeof(im->path) - old, "%s%s",
+		     old ? "." : "", k);
 	if (n > 0)
 		im->plen = old + (size_t)n < sizeof(im->path)
 				   ? old + (size_t)n : sizeof(im->path) - 1;
@@ -175,9 +195,13 @@ vfail(histd_imp *im, const char *key, const char *fmt, va_list ap)
 	char what[160];
 
 	vsnprintf(what, sizeof(what), fmt, ap);
-	if (key)
+	if (key) {
+		char k[HISTD_PATH_MAX];
+
+		key_text(k, sizeof(k), key);
 		return histd_error_set(HISTD_EINVALID, "%s%s%s: %s", im->path,
-				       im->plen ? "." : "", key, what);
+				       im->plen ? "." : "", k, what);
+	}
 	return histd_error_set(HISTD_EINVALID, "%s: %s",
 			       im->plen ? im->path : "(body)", what);
 }
@@ -217,6 +241,16 @@ histd_imp_drop(histd_imp *im, const char *fmt, ...)
 	va_end(ap);
 	return histd_strlist_addf(&im->t->dropped, "%s: %s",
 				  im->plen ? im->path : "(body)", what);
+}
+
+int
+histd_imp_drop_member(histd_imp *im, const char *key)
+{
+	char k[HISTD_PATH_MAX];
+
+	key_text(k, sizeof(k), key);
+	return histd_strlist_addf(&im->t->dropped,
+				  "%s: not part of the transcript", k);
 }
 
 static const char *

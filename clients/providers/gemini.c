@@ -352,9 +352,7 @@ import(histd_imp *im, json_t *root)
 
 	json_object_foreach(root, k, v)
 		if (strcmp(k, "systemInstruction") && strcmp(k, "contents") &&
-		    (rc = histd_strlist_addf(&im->t->dropped,
-					     "%s: not part of the transcript",
-					     k)))
+		    (rc = histd_imp_drop_member(im, k)))
 			return rc;
 	if ((rc = histd_get_obj(im, root, "systemInstruction", 0, &v)))
 		return rc;

@@ -463,9 +463,7 @@ import(histd_imp *im, json_t *root)
 
 	json_object_foreach(root, k, v)
 		if (strcmp(k, "instructions") && strcmp(k, "input") &&
-		    (rc = histd_strlist_addf(&im->t->dropped,
-					     "%s: not part of the transcript",
-					     k)))
+		    (rc = histd_imp_drop_member(im, k)))
 			return rc;
 	if ((rc = histd_get_str_or_null(im, root, "instructions", &ins)))
 		return rc;

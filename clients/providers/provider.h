@@ -120,6 +120,9 @@ int histd_imp_fail_at(histd_imp *im, const char *key, const char *fmt, ...)
 /* Adds "<path>: <what>" to the dropped list. */
 int histd_imp_drop(histd_imp *im, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+/* Adds "<key>: not part of the transcript" for a top-level member. Keys in
+ * paths and in these lines show a control byte as \xNN: one line each. */
+int histd_imp_drop_member(histd_imp *im, const char *key);
 
 /* Typed members of obj. required: EINVALID if absent; otherwise *out is
  * NULL (or the default) when absent. null counts as absent only where

@@ -11,6 +11,10 @@
 #    between runs, so each run starts where the last stopped.
 # QUIET: the target's own stderr is discarded (the file driver logs a line
 # at every close); libFuzzer's and the sanitizers' reports still show.
+# SEED: libFuzzer's -seed (0: a new random one each run). A fixed seed
+# makes the run a gate: the same inputs in the same order on every machine
+# (a slower machine runs a prefix of them), so what passed here passes in
+# CI; wider searches are run by hand (README).
 foreach(v FUZZER SEEDS REGRESSIONS WORK SECONDS)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "run.cmake: -D${v}= is required")
@@ -29,6 +33,9 @@ if(QUIET)
 endif()
 if(DICT)
   list(APPEND common -dict=${DICT})
+endif()
+if(DEFINED SEED AND NOT SEED EQUAL 0)
+  list(APPEND common -seed=${SEED})
 endif()
 
 file(GLOB regressions ${REGRESSIONS}/*)

@@ -447,6 +447,39 @@ empty_data_uri_stays_a_url(void **state)
 	histd_transcript_clear(&t);
 }
 
+/* A key holding a control byte is named with it as \xNN: dropped lines
+ * and error messages stay one line. */
+static void
+keys_with_control_bytes_stay_on_one_line(void **state)
+{
+	const char *body =
+		"{\"input\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+		"\"mo\\ndel\":\"x\"}";
+	const char *long_body =
+		"{\"instructio\\ns\":\"a string longer than sixty-four bytes, "
+		"which the tight limit refuses\"}";
+	histd_transcript_limits lim;
+	histd_transcript t = { 0 };
+
+	(void)state;
+	assert_int_equal(histd_transcript_from_json(
+		HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES, body, strlen(body),
+		NULL, &t), 0);
+	assert_int_equal(t.dropped.n, 1);
+	assert_string_equal(t.dropped.v[0],
+			    "mo\\x0adel: not part of the transcript");
+	histd_transcript_clear(&t);
+
+	histd_transcript_limits_default(&lim);
+	lim.max_string_bytes = 64;
+	assert_int_equal(histd_transcript_from_json(
+		HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES, long_body,
+		strlen(long_body), &lim, &t), HISTD_EINVALID);
+	assert_null(strchr(histd_error_message(), '\n'));
+	assert_non_null(strstr(histd_error_message(), "instructio\\x0as"));
+	histd_transcript_clear(&t);
+}
+
 int
 main(void)
 {
@@ -459,6 +492,7 @@ main(void)
 		cmocka_unit_test(import_lists_non_transcript_members),
 		cmocka_unit_test(dollar_keys_cannot_forge_marks),
 		cmocka_unit_test(empty_data_uri_stays_a_url),
+		cmocka_unit_test(keys_with_control_bytes_stay_on_one_line),
 	};
 
 	return cmocka_run_group_tests(tests, load_goldens, free_goldens);
