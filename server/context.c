@@ -726,11 +726,13 @@ view_fill(struct sess *s, histd_driver *d, const char *tenant,
 	return 0;
 }
 
-/* One attempt at the view with the newest `load` messages. */
+/* One attempt at the view with the newest `load` messages. *sp: the
+ * session's entry if known (its tenant noted), else NULL; set here once the
+ * read succeeded. */
 static int
 context_once(histd_context *x, histd_driver *d, const char *tenant,
 	     const Histd__V1__GetMessagesRequest *r, size_t max_bytes,
-	     uint32_t load, uint8_t **out, size_t *len)
+	     uint32_t load, struct sess **sp, uint8_t **out, size_t *len)
 {
 	histd_read q = { .tenant = tenant, .session_id = r->session_id,
 			 .last_n = load, .want_session = 1 };
@@ -740,7 +742,7 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	struct sum_view *sv = NULL;
 	histd_pipeline *p = NULL, *extra = NULL;
 	histd_view *v = NULL;
-	struct sess *s = NULL;
+	struct sess *s = *sp;
 	size_t n_older;
 	int rc, owned = 0;
 
@@ -754,8 +756,7 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 		rc = enomem();
 		goto out;
 	}
-	if (!(s = sess_find(x, tenant, r->session_id)) ||
-	    !atomic_load_explicit(&s->noted, memory_order_acquire)) {
+	if (!s) {
 		pthread_mutex_lock(&x->lock);
 		s = sess_get(x, d, tenant, r->session_id);
 		if (s) {
@@ -764,10 +765,11 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 					      memory_order_release);
 		}
 		pthread_mutex_unlock(&x->lock);
-	}
-	if (!s) {
-		rc = enomem();
-		goto out;
+		if (!s) {
+			rc = enomem();
+			goto out;
+		}
+		*sp = s;
 	}
 	atomic_store_explicit(&s->load_hint, histd_pipeline_newest_needed(p),
 			      memory_order_relaxed);
@@ -859,6 +861,8 @@ histd_context_get_messages(histd_context *x, histd_driver *d,
 	 * changed since) costs at most a second pass. Entries are made by
 	 * reads that succeed, never for a session that does not exist. */
 	s = sess_find(x, tenant, r->session_id);
+	if (s && !atomic_load_explicit(&s->noted, memory_order_acquire))
+		s = NULL;        /* context_once notes its tenant */
 	if (s && atomic_load_explicit(&s->load_hint, memory_order_relaxed))
 		load = atomic_load_explicit(&s->load_hint,
 					    memory_order_relaxed);
@@ -867,7 +871,7 @@ histd_context_get_messages(histd_context *x, histd_driver *d,
 	*out = NULL;
 	for (;;) {
 		rc = context_once(x, d, tenant, r, max_response_bytes, load,
-				  out, len);
+				  &s, out, len);
 		if (rc != HISTD_PLUGIN_MORE)
 			return rc;
 		/* Each pass loads 8 times as many; the last one everything. */

@@ -1180,8 +1180,8 @@ listener(void *arg)
 				lost(w, &was_connected);
 				continue;
 			}
-			/* Notices that arrived during the probe. */
-			parse_notices(d, w->pg);
+			/* Notices that arrived during the probe are parsed
+			 * before the next wait. */
 			housekeeping(w);
 			if (now - last_sweep >= SWEEP_US) {
 				last_sweep = now;
