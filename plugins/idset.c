@@ -28,8 +28,10 @@ histd_idset_init(histd_idset *s)
 void
 histd_idset_free(histd_idset *s)
 {
-	free(s->slot);
-	memset(s, 0, sizeof(*s));
+	if (s->slot != s->inl)
+		free(s->slot);
+	s->slot = NULL;
+	s->cap = s->used = s->count = 0;
 }
 
 /* The slot holding key, or the first free one on its probe path. */
@@ -59,10 +61,18 @@ probe(const histd_idset *s, const char *key, int *found)
 static int
 grow(histd_idset *s)
 {
-	size_t cap = s->cap ? s->cap * 2 : 16;
-	histd_idset n = { calloc(cap, sizeof(char *)), cap, 0, 0 };
+	size_t cap = s->cap * 2;
+	histd_idset n = { 0 };
 	int found;
 
+	if (!s->cap) {
+		memset(s->inl, 0, sizeof(s->inl));
+		s->slot = s->inl;
+		s->cap = HISTD_IDSET_INLINE;
+		return 0;
+	}
+	n.slot = calloc(cap, sizeof(char *));
+	n.cap = cap;
 	if (!n.slot)
 		return HISTD_ENOMEM;
 	for (size_t i = 0; i < s->cap; i++)
@@ -71,8 +81,12 @@ grow(histd_idset *s)
 			n.used++;
 			n.count++;
 		}
-	free(s->slot);
-	*s = n;
+	if (s->slot != s->inl)
+		free(s->slot);
+	s->slot = n.slot;
+	s->cap = n.cap;
+	s->used = n.used;
+	s->count = n.count;
 	return 0;
 }
 

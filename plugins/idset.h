@@ -8,11 +8,16 @@
 
 #include <stddef.h>
 
+#define HISTD_IDSET_INLINE 16
+
 typedef struct histd_idset {
 	const char **slot;      /* NULL: empty; TOMBSTONE: deleted */
 	size_t cap;             /* power of two, or 0 */
 	size_t used;            /* live + deleted slots */
 	size_t count;           /* live keys */
+	/* The first slots, inside the set: a small set allocates nothing
+	 * (so a set is not copied once used). */
+	const char *inl[HISTD_IDSET_INLINE];
 } histd_idset;
 
 void histd_idset_init(histd_idset *s);

@@ -453,6 +453,8 @@ histd_pipeline_transform(const histd_pipeline *p, histd_view *v)
 /* ---------------------------------------------------------------------- */
 /* Views                                                                   */
 
+#define SPARE_CHUNK 32768       /* the size arena_alloc gives a chunk */
+
 struct chunk {
 	struct chunk *next;
 	size_t cap, used;
@@ -484,7 +486,7 @@ arena_alloc(struct host *h, size_t size)
 
 	size = (size + 15) & ~(size_t)15;
 	if (!c || c->cap - c->used < size) {
-		size_t cap = size > 32768 ? size : 32768;
+		size_t cap = size > SPARE_CHUNK ? size : SPARE_CHUNK;
 
 		if (!(c = malloc(sizeof(*c) + cap)))
 			return NULL;
@@ -579,12 +581,63 @@ static const histd_view_ops view_ops = {
 	.tokens = histd_tokens_message,
 };
 
+/*
+ * A released view is kept, one per thread, for the next histd_view_new on
+ * that thread: its item array, its first arena chunk and its tools table
+ * are reused, and a CONTEXT read allocates nothing for its view. The key's
+ * destructor frees it when the thread ends.
+ */
+/* What a kept view may hold on to: larger ones were for rare big views
+ * and are freed. */
+#define SPARE_ITEMS 1024
+#define SPARE_TOOLS 256
+
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static int spare_ok;
+
+static void
+view_destroy(histd_view *v)
+{
+	struct host *h = v->host;
+
+	while (h->chunks) {
+		struct chunk *c = h->chunks;
+
+		h->chunks = c->next;
+		free(c);
+	}
+	free(h->tools);
+	free(h);
+	free(v->items);
+	free(v);
+}
+
+static void
+spare_destroy(void *v)
+{
+	view_destroy(v);
+}
+
+static void
+spare_init(void)
+{
+	spare_ok = pthread_key_create(&spare_key, spare_destroy) == 0;
+}
+
 histd_view *
 histd_view_new(void)
 {
-	histd_view *v = calloc(1, sizeof(*v));
-	struct host *h = calloc(1, sizeof(*h));
+	histd_view *v;
+	struct host *h;
 
+	pthread_once(&spare_once, spare_init);
+	if (spare_ok && (v = pthread_getspecific(spare_key))) {
+		pthread_setspecific(spare_key, NULL);
+		return v;
+	}
+	v = calloc(1, sizeof(*v));
+	h = calloc(1, sizeof(*h));
 	if (!v || !h) {
 		free(v);
 		free(h);
@@ -602,20 +655,46 @@ void
 histd_view_free(histd_view *v)
 {
 	struct host *h;
+	struct chunk *keep = NULL;
 
 	if (!v)
 		return;
+	if (!spare_ok || pthread_getspecific(spare_key)) {
+		view_destroy(v);
+		return;
+	}
+	/* Emptied as new, keeping one standard chunk, the item array and the
+	 * tools table. */
 	h = v->host;
 	while (h->chunks) {
 		struct chunk *c = h->chunks;
 
 		h->chunks = c->next;
-		free(c);
+		if (!keep && c->cap == SPARE_CHUNK) {
+			keep = c;
+			keep->used = 0;
+			keep->next = NULL;
+		} else {
+			free(c);
+		}
 	}
-	free(h->tools);
-	free(h);
-	free(v->items);
-	free(v);
+	h->chunks = keep;
+	if (h->tools_cap > SPARE_TOOLS) {
+		free(h->tools);
+		h->tools = NULL;
+		h->tools_cap = 0;
+	} else if (h->tools) {
+		memset(h->tools, 0, h->tools_cap * sizeof(*h->tools));
+	}
+	h->tools_used = 0;
+	if (h->cap > SPARE_ITEMS) {
+		free(v->items);
+		v->items = NULL;
+		h->cap = 0;
+	}
+	*v = (histd_view){ .ops = &view_ops, .items = v->items, .host = h };
+	if (pthread_setspecific(spare_key, v))
+		view_destroy(v);
 }
 
 static histd_view_item *
@@ -788,13 +867,13 @@ arena_strndup(struct host *h, const uint8_t *s, size_t len)
 }
 
 /*
- * The tool blocks of a packed Message, in content order. With refs NULL
- * only counts them into *n. Each ContentBlock's oneof is its last field
- * of 1..6, as unpacking decides.
+ * The tool blocks of a packed Message, in content order: all counted into
+ * *n, the first cap of them filled into refs. Each ContentBlock's oneof is
+ * its last field of 1..6, as unpacking decides.
  */
 static int
 tools_scan(struct host *h, const uint8_t *p, size_t len,
-	   histd_view_tool *refs, size_t *n)
+	   histd_view_tool *refs, size_t cap, size_t *n)
 {
 	size_t i = 0, k = 0;
 	uint32_t block = 0;
@@ -841,7 +920,7 @@ tools_scan(struct host *h, const uint8_t *p, size_t len,
 				if (scan_two_strings(one, one_len, &s1, &l1, &s2,
 						     &l2))
 					return HISTD_ECORRUPT;
-				if (refs) {
+				if (k < cap) {
 					histd_view_tool *r = &refs[k];
 
 					r->kind = which == 5 ? HISTD_ITEM_CALLS :
@@ -909,6 +988,9 @@ tools_of_msg(struct host *h, const Histd__V1__Message *m,
 	return 0;
 }
 
+/* Tool blocks a message's first scan makes room for. */
+#define TOOLS_FIRST 4
+
 static size_t
 ptr_hash(const void *p)
 {
@@ -953,6 +1035,7 @@ histd_view_tools(histd_view *v, size_t i, const histd_view_tool **refs,
 	struct tools_slot *slot;
 	histd_view_tool *r;
 	size_t k, cnt;
+	int rc;
 
 	*refs = NULL;
 	*n = 0;
@@ -961,7 +1044,10 @@ histd_view_tools(histd_view *v, size_t i, const histd_view_tool **refs,
 	it = &v->items[i];
 	if (it->msg)
 		return tools_of_msg(h, it->msg, refs, n);
-	if (!it->data)
+	/* Its scan at push found no tool block (its flags are a superset of
+	 * what tools_scan finds). */
+	if (!it->data ||
+	    !(it->flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)))
 		return 0;
 	if ((h->tools_used + 1) * 2 > h->tools_cap && tools_grow(h))
 		return enomem();
@@ -973,20 +1059,19 @@ histd_view_tools(histd_view *v, size_t i, const histd_view_tool **refs,
 			return 0;
 		}
 	slot = &h->tools[k];
-	if (tools_scan(h, it->data, it->len, NULL, &cnt))
-		goto corrupt;
-	r = NULL;
-	if (cnt) {
-		int rc;
-
+	/* One pass for the usual few blocks, a second for more. */
+	if (!(r = arena_alloc(h, TOOLS_FIRST * sizeof(*r))))
+		return enomem();
+	rc = tools_scan(h, it->data, it->len, r, TOOLS_FIRST, &cnt);
+	if (rc == 0 && cnt > TOOLS_FIRST) {
 		if (!(r = arena_alloc(h, cnt * sizeof(*r))))
 			return enomem();
-		if ((rc = tools_scan(h, it->data, it->len, r, &cnt))) {
-			if (rc == HISTD_ENOMEM)
-				return enomem();
-			goto corrupt;
-		}
+		rc = tools_scan(h, it->data, it->len, r, cnt, &cnt);
 	}
+	if (rc == HISTD_ENOMEM)
+		return enomem();
+	if (rc)
+		goto corrupt;
 	slot->data = it->data;
 	slot->refs = r;
 	slot->n = cnt;

@@ -522,6 +522,92 @@ masking_never_changes_the_stored_bytes(void **state)
 	tx_free(&t);
 }
 
+/*
+ * A freed view is kept for the thread's next one. The next view must start
+ * empty, and must not answer the tool blocks of a message from what the
+ * previous view read at the same address (a read buffer is often reused).
+ */
+static void
+a_reused_view_starts_empty_and_reads_tools_afresh(void **state)
+{
+	struct tx a = { 0 }, b = { 0 };
+	const histd_view_tool *refs;
+	histd_view *v;
+	uint8_t *buf;
+	size_t n, cap;
+
+	(void)state;
+	tx_add(&a, ASST, "c:call_a:first", NULL);
+	tx_add(&b, ASST, "c:call_b:other", NULL);
+	tx_add(&b, TOOL, "r:call_b:other:done", NULL);
+	cap = a.len[0] > b.len[0] ? a.len[0] : b.len[0];
+	buf = malloc(cap);
+	assert_non_null(buf);
+
+	memcpy(buf, a.data[0], a.len[0]);
+	v = histd_view_new();
+	assert_non_null(v);
+	assert_int_equal(histd_view_push_record(v, 1, 1, buf, a.len[0]), 0);
+	v->complete = 1;
+	v->bounded = 1;
+	assert_int_equal(histd_view_tools(v, 0, &refs, &n), 0);
+	assert_int_equal(n, 1);
+	assert_string_equal(refs[0].id, "call_a");
+	histd_view_free(v);
+
+	memcpy(buf, b.data[0], b.len[0]);
+	v = histd_view_new();
+	assert_non_null(v);
+	assert_int_equal(v->n, 0);
+	assert_int_equal(v->complete, 0);
+	assert_int_equal(v->bounded, 0);
+	assert_null(v->summary);
+	assert_int_equal(histd_view_push_record(v, 1, 1, buf, b.len[0]), 0);
+	assert_int_equal(histd_view_push_record(v, 2, 1, b.data[1], b.len[1]),
+			 0);
+	assert_int_equal(v->n, 2);
+	assert_int_equal(histd_view_tools(v, 0, &refs, &n), 0);
+	assert_int_equal(n, 1);
+	assert_string_equal(refs[0].id, "call_b");
+	assert_string_equal(refs[0].name, "other");
+	assert_int_equal(histd_view_tools(v, 1, &refs, &n), 0);
+	assert_int_equal(n, 1);
+	assert_int_equal(refs[0].kind, HISTD_ITEM_RESULTS);
+	histd_view_free(v);
+
+	free(buf);
+	tx_free(&a);
+	tx_free(&b);
+}
+
+/* A message with more tool blocks than the first scan makes room for
+ * gives all of them, in content order. */
+static void
+a_message_with_many_tool_calls_gives_them_all(void **state)
+{
+	struct tx t = { 0 };
+	const histd_view_tool *refs;
+	histd_view *v;
+	size_t n;
+
+	(void)state;
+	tx_add(&t, ASST, "t:working", "c:c1:a", "c:c2:b", "c:c3:c", "c:c4:d",
+	       "c:c5:e", "c:c6:f", NULL);
+	v = tx_view(&t);
+	assert_int_equal(histd_view_tools(v, 0, &refs, &n), 0);
+	assert_int_equal(n, 6);
+	for (size_t i = 0; i < n; i++) {
+		char id[24];
+
+		snprintf(id, sizeof(id), "c%zu", i + 1);
+		assert_string_equal(refs[i].id, id);
+		assert_int_equal(refs[i].block, i + 1);
+		assert_int_equal(refs[i].kind, HISTD_ITEM_CALLS);
+	}
+	histd_view_free(v);
+	tx_free(&t);
+}
+
 /* ---------------------------------------------------------------------- */
 /* Validation                                                              */
 
@@ -882,6 +968,9 @@ main(void)
 		cmocka_unit_test(masking_excluded_tools_take_no_recent_slot),
 		cmocka_unit_test(masking_small_results_take_no_slot_and_stay),
 		cmocka_unit_test(masking_never_changes_the_stored_bytes),
+		cmocka_unit_test(
+			a_reused_view_starts_empty_and_reads_tools_afresh),
+		cmocka_unit_test(a_message_with_many_tool_calls_gives_them_all),
 		cmocka_unit_test(
 			unknown_plugins_and_bad_options_are_invalid_argument),
 		cmocka_unit_test(
