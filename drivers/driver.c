@@ -482,6 +482,13 @@ histd_driver_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 	if ((rc = check_names(d, q->tenant, q->session_id)))
 		return rc;
 	rc = OBSERVED("read", d->read(d, q, &r));
+	if (rc == 0 && q->want_summary && !r.summary_read) {
+		histd_record_free(r.summary);
+		r.summary = NULL;
+		rc = OBSERVED("summary_get", d->summary_get(d, q->tenant,
+				q->session_id, &r.summary));
+		r.summary_read = rc == 0;
+	}
 	if (rc == 0)
 		*res = r;
 	else
@@ -974,6 +981,7 @@ histd_read_result_clear(histd_read_result *r)
 		return;
 	histd_records_clear(&r->records);
 	histd_session_free(r->session);
+	histd_record_free(r->summary);
 	memset(r, 0, sizeof(*r));
 }
 

@@ -197,6 +197,12 @@ typedef struct histd_read {
 	uint32_t last_n;
 	/* Non-zero: also return the session record in result->session. */
 	int want_session;
+	/* Non-zero: also the session's newest summary (as summary_get) in
+	 * result->summary, NULL when it has none. A driver that reads it
+	 * with the messages, at the same instant, sets summary_read; for
+	 * one that does not, histd_driver_read gets it by summary_get after
+	 * the read. */
+	int want_summary;
 } histd_read;
 
 /* Everything is read at one instant: the messages are exactly those stored
@@ -209,6 +215,8 @@ typedef struct histd_read_result {
 	int has_more;               /* more messages after the last returned
 	                             * (always 0 with last_n) */
 	histd_session *session;     /* if want_session; caller frees */
+	histd_record *summary;      /* if want_summary; caller frees */
+	int summary_read;           /* set by a driver that filled summary */
 } histd_read_result;
 
 typedef struct histd_list {

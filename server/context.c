@@ -46,9 +46,10 @@ struct sys_msg {
 };
 
 /* A session's summary as the CONTEXT view shows it, made once per stored
- * summary and shared by the reads (refs under the session's idx_lock). */
+ * summary and shared by the reads (found under the session's sum_lock;
+ * its references atomic, so a read gives its own back without a lock). */
 struct sum_view {
-	int refs;
+	_Atomic int refs;
 	uint8_t *rec;              /* the stored Summary's bytes */
 	size_t rec_len;
 	Histd__V1__Summary *sum;   /* unpacked (default allocator) */
@@ -89,7 +90,10 @@ struct sess {
 	uint64_t idx_scanned;      /* every seq <= this was scanned */
 	struct sys_msg *sys;
 	size_t n_sys, cap_sys;
-	struct sum_view *sumv;     /* the newest summary seen, or NULL */
+	/* The newest summary seen, or NULL, under sum_lock: reads find it
+	 * side by side (read lock); a new one replaces it (write lock). */
+	pthread_rwlock_t sum_lock;
+	struct sum_view *sumv;
 	/* How many messages a CONTEXT read loads first: its pipeline's
 	 * newest_needed as of the last read (0: FIRST_LOAD). */
 	_Atomic uint32_t load_hint;
@@ -210,6 +214,7 @@ sess_get(histd_context *x, histd_driver *d, const char *tenant,
 		return NULL;
 	}
 	pthread_mutex_init(&s->idx_lock, NULL);
+	pthread_rwlock_init(&s->sum_lock, NULL);
 	s->d = d;
 	s->next = *b;
 	*b = s;        /* publishes s, complete, to sess_find */
@@ -227,7 +232,7 @@ sys_clear(struct sess *s)
 static void
 sum_view_unref(struct sum_view *sv)
 {
-	if (!sv || --sv->refs > 0)
+	if (!sv || atomic_fetch_sub(&sv->refs, 1) > 1)
 		return;
 	if (sv->sum)
 		histd__v1__summary__free_unpacked(sv->sum, NULL);
@@ -244,6 +249,7 @@ sess_free(struct sess *s)
 	sys_clear(s);
 	free(s->sys);
 	pthread_mutex_destroy(&s->idx_lock);
+	pthread_rwlock_destroy(&s->sum_lock);
 	free(s->tenant);
 	free(s->id);
 	free(s);
@@ -581,36 +587,28 @@ fit_bytes(histd_view *v, size_t max)
 	return histd_view_fixup(v);
 }
 
-static void
-sum_view_release(struct sess *s, struct sum_view *sv)
-{
-	pthread_mutex_lock(&s->idx_lock);
-	sum_view_unref(sv);
-	pthread_mutex_unlock(&s->idx_lock);
-}
-
 /*
  * The view of the stored summary rec: the session's cached one when rec
  * is the same bytes, else made now (built in v's arena, then packed) and
- * cached in its place. *out holds a reference (sum_view_release).
+ * cached in its place. *out holds a reference (sum_view_unref).
  */
 static int
 summary_view(struct sess *s, histd_view *v, const histd_record *rec,
 	     struct sum_view **out)
 {
-	struct sum_view *sv;
+	struct sum_view *sv, *old;
 	Histd__V1__Message *m;
 
-	pthread_mutex_lock(&s->idx_lock);
+	pthread_rwlock_rdlock(&s->sum_lock);
 	sv = s->sumv;
 	if (sv && sv->rec_len == rec->len &&
 	    !memcmp(sv->rec, rec->data, rec->len)) {
-		sv->refs++;
-		pthread_mutex_unlock(&s->idx_lock);
+		atomic_fetch_add(&sv->refs, 1);
+		pthread_rwlock_unlock(&s->sum_lock);
 		*out = sv;
 		return 0;
 	}
-	pthread_mutex_unlock(&s->idx_lock);
+	pthread_rwlock_unlock(&s->sum_lock);
 
 	if (!(sv = calloc(1, sizeof(*sv))))
 		return enomem();
@@ -647,11 +645,12 @@ summary_view(struct sess *s, histd_view *v, const histd_record *rec,
 		histd__v1__summary__pack(&meta, sv->meta);
 	}
 
-	pthread_mutex_lock(&s->idx_lock);
-	sum_view_unref(s->sumv);
+	atomic_fetch_add(&sv->refs, 1);
+	pthread_rwlock_wrlock(&s->sum_lock);
+	old = s->sumv;
 	s->sumv = sv;
-	sv->refs++;
-	pthread_mutex_unlock(&s->idx_lock);
+	pthread_rwlock_unlock(&s->sum_lock);
+	sum_view_unref(old);
 	*out = sv;
 	return 0;
 }
@@ -735,9 +734,9 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	     uint32_t load, struct sess **sp, uint8_t **out, size_t *len)
 {
 	histd_read q = { .tenant = tenant, .session_id = r->session_id,
-			 .last_n = load, .want_session = 1 };
+			 .last_n = load, .want_session = 1,
+			 .want_summary = 1 };
 	histd_read_result res = { 0 };
-	histd_record *sumrec = NULL;
 	const Histd__V1__Summary *sum = NULL;
 	struct sum_view *sv = NULL;
 	histd_pipeline *p = NULL, *extra = NULL;
@@ -749,8 +748,6 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	if ((rc = histd_driver_read(d, &q, &res)))
 		return rc;
 	if ((rc = session_pipeline(x, res.session, &p, &owned)))
-		goto out;
-	if ((rc = histd_driver_summary_get(d, tenant, r->session_id, &sumrec)))
 		goto out;
 	if (!(v = histd_view_new())) {
 		rc = enomem();
@@ -771,20 +768,26 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 		}
 		*sp = s;
 	}
-	atomic_store_explicit(&s->load_hint, histd_pipeline_newest_needed(p),
-			      memory_order_relaxed);
-	if (sumrec) {
-		if ((rc = summary_view(s, v, sumrec, &sv)))
+	/* Written only when it changes: every read of the session shares
+	 * this cache line. */
+	{
+		uint32_t hint = histd_pipeline_newest_needed(p);
+
+		if (atomic_load_explicit(&s->load_hint, memory_order_relaxed) !=
+		    hint)
+			atomic_store_explicit(&s->load_hint, hint,
+					      memory_order_relaxed);
+	}
+	if (res.summary) {
+		if ((rc = summary_view(s, v, res.summary, &sv)))
 			goto out;
 		sum = sv->sum;
 	}
 	/* A summary from before a clear or replace covers nothing left. */
 	if (sum && sum->covers_to_seq <= res.cleared_to_seq) {
-		sum_view_release(s, sv);
-		histd_record_free(sumrec);
+		sum_view_unref(sv);
 		sv = NULL;
 		sum = NULL;
-		sumrec = NULL;
 	}
 	if ((rc = view_fill(s, d, tenant, res.session, &res, sum ? sv : NULL,
 			     load, v, &n_older)))
@@ -813,8 +816,7 @@ out:
 		histd_pipeline_free(p);
 	histd_pipeline_free(extra);
 	if (sv)
-		sum_view_release(s, sv);
-	histd_record_free(sumrec);
+		sum_view_unref(sv);
 	histd_read_result_clear(&res);
 	return rc;
 }
@@ -1490,9 +1492,8 @@ window_cut(struct sess *s, const histd_session *sr, const histd_pipeline *p,
 	   size_t wi, uint32_t load, uint64_t *up_to)
 {
 	histd_read q = { .tenant = s->tenant, .session_id = s->id,
-			 .last_n = load };
+			 .last_n = load, .want_summary = 1 };
 	histd_read_result res = { 0 };
-	histd_record *sumrec = NULL;
 	const Histd__V1__Summary *sum = NULL;
 	struct sum_view *sv = NULL;
 	histd_view *v = NULL;
@@ -1501,8 +1502,7 @@ window_cut(struct sess *s, const histd_session *sr, const histd_pipeline *p,
 	int rc;
 
 	*up_to = 0;
-	if ((rc = histd_driver_summary_get(s->d, s->tenant, s->id, &sumrec)) ||
-	    (rc = histd_driver_read(s->d, &q, &res)))
+	if ((rc = histd_driver_read(s->d, &q, &res)))
 		goto out;
 	if (res.revision != sr->revision) {
 		rc = histd_error_set(HISTD_ECONFLICT,
@@ -1513,8 +1513,8 @@ window_cut(struct sess *s, const histd_session *sr, const histd_pipeline *p,
 		rc = enomem();
 		goto out;
 	}
-	if (sumrec) {
-		if ((rc = summary_view(s, v, sumrec, &sv)))
+	if (res.summary) {
+		if ((rc = summary_view(s, v, res.summary, &sv)))
 			goto out;
 		/* One from before a clear or replace covers nothing left. */
 		if (sv->sum->covers_to_seq > res.cleared_to_seq)
@@ -1576,8 +1576,7 @@ window_cut(struct sess *s, const histd_session *sr, const histd_pipeline *p,
 out:
 	histd_view_free(v);
 	if (sv)
-		sum_view_release(s, sv);
-	histd_record_free(sumrec);
+		sum_view_unref(sv);
 	histd_read_result_clear(&res);
 	return rc;
 }

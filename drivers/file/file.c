@@ -899,6 +899,14 @@ fd_read(histd_driver *dd, const histd_read *q, histd_read_result *res)
 	}
 	if (q->want_session && !(res->session = hf_session_export(s)))
 		goto oom;
+	if (q->want_summary && s->n_sums) {
+		const histd_record *b = &s->sums[s->best_sum];
+
+		if (!(res->summary = histd_record_new(b->seq, b->token_estimate,
+						      b->data, b->len)))
+			goto oom;
+	}
+	res->summary_read = q->want_summary != 0;
 	res->revision = s->revision;
 	res->last_seq = s->last_seq;
 	res->cleared_to_seq = s->cleared_to_seq;

@@ -1691,6 +1691,16 @@ mem_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 		rc = enomem();
 		goto out;
 	}
+	if (q->want_summary && s->n_sums) {
+		const histd_record *r = &s->sums[s->best_sum];
+
+		if (!(res->summary = histd_record_new(r->seq, r->token_estimate,
+						      r->data, r->len))) {
+			rc = enomem();
+			goto out;
+		}
+	}
+	res->summary_read = q->want_summary != 0;
 	res->revision = s->revision;
 	res->last_seq = s->last_seq;
 	res->cleared_to_seq = s->cleared_to_seq;

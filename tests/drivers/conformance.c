@@ -2954,6 +2954,54 @@ static void read_with_want_session_returns_the_session(void **state)
 	tmsgs_free(m, 2);
 }
 
+/* want_summary: the newest summary with the messages, as summary_get
+ * gives it; none when none is stored. */
+static void read_with_want_summary_returns_the_newest_summary(void **state)
+{
+	ctest *t = *state;
+	histd_record *s1, *s2;
+	histd_read_result rr;
+	histd_read q;
+	tmsg m[4];
+
+	create_ok(t, TA, "s1");
+	tmsg_texts(m, 4, "summed");
+	append_ok(t, TA, "s1", m, 4, 1);
+	memset(&q, 0, sizeof(q));
+	q.tenant = TA;
+	q.session_id = "s1";
+	q.last_n = 2;
+	q.want_summary = 1;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	assert_null(rr.summary);
+	expect_records(&rr.records, 3, &m[2], 2);
+	histd_read_result_clear(&rr);
+
+	s1 = summary_new(1, 3, "the first three");
+	s2 = summary_new(1, 2, "the first two");
+	summary_put_ok(t, TA, "s1", s1);
+	summary_put_ok(t, TA, "s1", s2);   /* covers less: not the newest */
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	expect_same_record(rr.summary, s1, "read's summary");
+	expect_summary(t, TA, "s1", s1);
+	expect_eq(rr.revision, 4, "revision");
+	expect_records(&rr.records, 3, &m[2], 2);
+	histd_read_result_clear(&rr);
+	assert_null(rr.summary);
+
+	/* Without want_summary, none. */
+	q.want_summary = 0;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	assert_null(rr.summary);
+	histd_read_result_clear(&rr);
+	histd_record_free(s1);
+	histd_record_free(s2);
+	tmsgs_free(m, 4);
+}
+
 static void read_of_an_empty_session_returns_nothing(void **state)
 {
 	ctest *t = *state;
@@ -4520,6 +4568,7 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 		T(read_last_n_returns_the_newest),
 		T(read_reports_revision_last_seq_and_cleared_to_seq),
 		T(read_with_want_session_returns_the_session),
+		T(read_with_want_summary_returns_the_newest_summary),
 		T(read_of_an_empty_session_returns_nothing),
 		T(read_of_unknown_session_is_not_found),
 
