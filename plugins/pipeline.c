@@ -716,11 +716,15 @@ push_item(histd_view *v)
 }
 
 /* Wire reading for the cheap scan of stored messages. */
-static size_t
+static inline size_t
 rd_varint(const uint8_t *p, size_t avail, uint64_t *v)
 {
 	uint64_t x = 0;
 
+	if (avail && p[0] < 0x80) {     /* keys and short lengths */
+		*v = p[0];
+		return 1;
+	}
 	for (size_t i = 0; i < avail && i < 10; i++) {
 		x |= (uint64_t)(p[i] & 0x7f) << (7 * i);
 		if (!(p[i] & 0x80)) {
@@ -733,7 +737,7 @@ rd_varint(const uint8_t *p, size_t avail, uint64_t *v)
 
 /* Skips one field's value; returns bytes taken or 0 if malformed. For
  * wire type 2, *sub and *sub_len give the payload. */
-static size_t
+static inline size_t
 rd_skip(const uint8_t *p, size_t avail, unsigned wt, const uint8_t **sub,
 	size_t *sub_len, uint64_t *num)
 {
@@ -1250,7 +1254,8 @@ histd_safe_starts_items_from(histd_view *v, size_t from, size_t lo,
 
 	if (lo > n)
 		lo = n;
-	if (!(t = calloc(n ? n : 1, sizeof(*t))))
+	/* In the view's arena: freed with the view. */
+	if (!(t = histd_view_alloc(v, (n ? n : 1) * sizeof(*t))))
 		return enomem();
 	for (size_t i = lo; i < n; i++) {
 		histd_view_item *it = &v->items[from + i];
@@ -1263,15 +1268,11 @@ histd_safe_starts_items_from(histd_view *v, size_t from, size_t lo,
 		if (it->flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)) {
 			rc = histd_view_tools(v, from + i, &t[i].refs,
 					      &t[i].n_refs);
-			if (rc) {
-				free(t);
+			if (rc)
 				return rc;
-			}
 		}
 	}
-	rc = safe_scan(t, n, lo, safe, first_is_start);
-	free(t);
-	return rc;
+	return safe_scan(t, n, lo, safe, first_is_start);
 }
 
 int
@@ -1349,6 +1350,24 @@ drop_unpaired(histd_view *v, size_t i, const histd_idset *calls,
 	return 0;
 }
 
+/* The partition's class of an item: system 0, summary 1, the rest 2. */
+static int
+item_class(const histd_view_item *it)
+{
+	return (it->flags & HISTD_ITEM_SYSTEM) ? 0 :
+	       (it->flags & HISTD_ITEM_SUMMARY) ? 1 : 2;
+}
+
+/* 1 if v's items are in partition order already. */
+static int
+partitioned(const histd_view *v)
+{
+	for (size_t i = 1; i < v->n; i++)
+		if (item_class(&v->items[i]) < item_class(&v->items[i - 1]))
+			return 0;
+	return 1;
+}
+
 int
 histd_view_fixup(histd_view *v)
 {
@@ -1357,19 +1376,15 @@ histd_view_fixup(histd_view *v)
 	size_t o = 0;
 	int rc = 0;
 
-	/* System first, then the summary, then the rest: a stable partition. */
-	if (v->n) {
+	/* System first, then the summary, then the rest: a stable partition
+	 * (made only if some item is out of that order, which is rare). */
+	if (!partitioned(v)) {
 		if (!(tmp = malloc(v->n * sizeof(*tmp))))
 			return enomem();
 		for (int pass = 0; pass < 3; pass++)
-			for (size_t i = 0; i < v->n; i++) {
-				uint32_t f = v->items[i].flags;
-				int kind = (f & HISTD_ITEM_SYSTEM) ? 0 :
-					   (f & HISTD_ITEM_SUMMARY) ? 1 : 2;
-
-				if (kind == pass)
+			for (size_t i = 0; i < v->n; i++)
+				if (item_class(&v->items[i]) == pass)
 					tmp[o++] = v->items[i];
-			}
 		memcpy(v->items, tmp, v->n * sizeof(*tmp));
 		free(tmp);
 	}
