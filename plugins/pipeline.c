@@ -472,8 +472,8 @@ struct host {
 	struct chunk *chunks;
 	size_t cap;                    /* of v->items */
 	ProtobufCAllocator alloc;
-	/* histd_view_tools of items not unpacked, by their bytes' address
-	 * (open addressing; items move, their bytes do not). */
+	/* histd_view_tools of items not unpacked; item->host_ix is its slot
+	 * + 1. */
 	struct tools_slot *tools;
 	size_t tools_cap, tools_used;
 };
@@ -683,8 +683,6 @@ histd_view_free(histd_view *v)
 		free(h->tools);
 		h->tools = NULL;
 		h->tools_cap = 0;
-	} else if (h->tools) {
-		memset(h->tools, 0, h->tools_cap * sizeof(*h->tools));
 	}
 	h->tools_used = 0;
 	if (h->cap > SPARE_ITEMS) {
@@ -992,39 +990,24 @@ tools_of_msg(struct host *h, const Histd__V1__Message *m,
 	return 0;
 }
 
+#if UINTPTR_MAX == UINT64_MAX
+/* host_ix took padding: plugins built against the older header see the
+ * same layout. */
+_Static_assert(sizeof(histd_view_item) == 48,
+	       "histd_view_item's layout changed: bump HISTD_PLUGIN_VERSION");
+#endif
+
 /* Tool blocks a message's first scan makes room for. */
 #define TOOLS_FIRST 4
-
-static size_t
-ptr_hash(const void *p)
-{
-	uint64_t x = (uint64_t)(uintptr_t)p;
-
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdull;
-	x ^= x >> 33;
-	return (size_t)x;
-}
 
 static int
 tools_grow(struct host *h)
 {
-	size_t cap = h->tools_cap ? h->tools_cap * 2 : 64;
-	struct tools_slot *t = calloc(cap, sizeof(*t));
+	size_t cap = h->tools_cap ? h->tools_cap * 2 : 32;
+	struct tools_slot *t = realloc(h->tools, cap * sizeof(*t));
 
 	if (!t)
 		return enomem();
-	for (size_t i = 0; i < h->tools_cap; i++) {
-		size_t k;
-
-		if (!h->tools[i].data)
-			continue;
-		for (k = ptr_hash(h->tools[i].data) & (cap - 1); t[k].data;
-		     k = (k + 1) & (cap - 1))
-			;
-		t[k] = h->tools[i];
-	}
-	free(h->tools);
 	h->tools = t;
 	h->tools_cap = cap;
 	return 0;
@@ -1038,7 +1021,7 @@ histd_view_tools(histd_view *v, size_t i, const histd_view_tool **refs,
 	histd_view_item *it;
 	struct tools_slot *slot;
 	histd_view_tool *r;
-	size_t k, cnt;
+	size_t cnt;
 	int rc;
 
 	*refs = NULL;
@@ -1053,16 +1036,18 @@ histd_view_tools(histd_view *v, size_t i, const histd_view_tool **refs,
 	if (!it->data ||
 	    !(it->flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)))
 		return 0;
-	if ((h->tools_used + 1) * 2 > h->tools_cap && tools_grow(h))
+	/* Scanned before: the item carries its slot (with the item when it
+	 * moves), checked against its bytes. */
+	if (it->host_ix && it->host_ix <= h->tools_used &&
+	    h->tools[it->host_ix - 1].data == it->data) {
+		slot = &h->tools[it->host_ix - 1];
+		*refs = slot->refs;
+		*n = slot->n;
+		return 0;
+	}
+	if (h->tools_used == h->tools_cap && tools_grow(h))
 		return enomem();
-	for (k = ptr_hash(it->data) & (h->tools_cap - 1);
-	     h->tools[k].data; k = (k + 1) & (h->tools_cap - 1))
-		if (h->tools[k].data == it->data) {
-			*refs = h->tools[k].refs;
-			*n = h->tools[k].n;
-			return 0;
-		}
-	slot = &h->tools[k];
+	slot = &h->tools[h->tools_used];
 	/* One pass for the usual few blocks, a second for more. */
 	if (!(r = arena_alloc(h, TOOLS_FIRST * sizeof(*r))))
 		return enomem();
@@ -1079,7 +1064,7 @@ histd_view_tools(histd_view *v, size_t i, const histd_view_tool **refs,
 	slot->data = it->data;
 	slot->refs = r;
 	slot->n = cnt;
-	h->tools_used++;
+	it->host_ix = (uint32_t)++h->tools_used;
 	*refs = r;
 	*n = cnt;
 	return 0;

@@ -89,6 +89,9 @@ typedef struct histd_view_item {
 	uint32_t tokens;            /* its estimate (updated by changed()) */
 	uint32_t flags;
 	int role;                   /* Histd__V1__Role */
+	/* The host's (in what was padding: the layout is unchanged); plugins
+	 * do not touch it. */
+	uint32_t host_ix;
 	/* The stored bytes (a packed Message with its seq), borrowed; what
 	 * the view returns unless HISTD_ITEM_CHANGED. */
 	const uint8_t *data;

@@ -443,34 +443,42 @@ index_update(struct sess *s, histd_driver *d, const char *tenant,
 /* ---------------------------------------------------------------------- */
 /* The CONTEXT view                                                        */
 
-/* Packs the view into a GetMessagesResponse. sv: the summary applied, or
- * NULL. */
-static int
-view_pack(histd_view *v, const struct sum_view *sv, uint64_t revision,
-	  uint8_t **out, size_t *len)
+/* The packed size of each of v's items (a changed one's message is
+ * measured), in v's arena; NULL if out of memory. */
+static size_t *
+item_sizes(histd_view *v)
 {
-	size_t size = 0, o = 0, *plen;
-	uint64_t tokens = 0;
-	uint8_t *buf;
+	size_t *plen = histd_view_alloc(v, (v->n ? v->n : 1) * sizeof(*plen));
 
-	if (!(plen = calloc(v->n ? v->n : 1, sizeof(*plen))))
-		return enomem();
-	for (size_t i = 0; i < v->n; i++) {
+	for (size_t i = 0; plen && i < v->n; i++) {
 		histd_view_item *it = &v->items[i];
 
 		plen[i] = (it->flags & HISTD_ITEM_CHANGED) ?
 			  histd__v1__message__get_packed_size(it->msg) :
 			  it->len;
+	}
+	return plen;
+}
+
+/* Packs the view into a GetMessagesResponse. sv: the summary applied, or
+ * NULL; plen: item_sizes(v). */
+static int
+view_pack(histd_view *v, const struct sum_view *sv, uint64_t revision,
+	  const size_t *plen, uint8_t **out, size_t *len)
+{
+	size_t size = 0, o = 0;
+	uint64_t tokens = 0;
+	uint8_t *buf;
+
+	for (size_t i = 0; i < v->n; i++) {
 		size += 1 + histd_wire_varint_size(plen[i]) + plen[i];
-		tokens += it->tokens;
+		tokens += v->items[i].tokens;
 	}
 	if (sv)
 		size += 1 + histd_wire_varint_size(sv->meta_len) + sv->meta_len;
 	size += 2 * (1 + HISTD_WIRE_VARINT_MAX);
-	if (!(buf = malloc(size))) {
-		free(plen);
+	if (!(buf = malloc(size)))
 		return enomem();
-	}
 	for (size_t i = 0; i < v->n; i++) {
 		histd_view_item *it = &v->items[i];
 
@@ -495,7 +503,6 @@ view_pack(histd_view *v, const struct sum_view *sv, uint64_t revision,
 		buf[o++] = 5 << 3;
 		o += histd_wire_put_varint(buf + o, tokens);
 	}
-	free(plen);
 	*out = buf;
 	*len = o;
 	return 0;
@@ -554,37 +561,34 @@ last_n_window(uint32_t n, histd_pipeline **out)
 /* Drops the oldest non-system, non-summary items until the packed view
  * fits max bytes (estimated from item sizes), then fixes up again. */
 static int
-fit_bytes(histd_view *v, size_t max)
+fit_bytes(histd_view *v, size_t max, size_t **plen)
 {
-	size_t total = 0, i = 0;
+	size_t total = 0, i = 0, k = 0;
+	int rc;
 
-	for (size_t k = 0; k < v->n; k++) {
-		histd_view_item *it = &v->items[k];
-		size_t l = (it->flags & HISTD_ITEM_CHANGED) ?
-			   histd__v1__message__get_packed_size(it->msg) :
-			   it->len;
-
-		total += l + 1 + histd_wire_varint_size(l);
-	}
+	for (size_t j = 0; j < v->n; j++)
+		total += (*plen)[j] + 1 + histd_wire_varint_size((*plen)[j]);
 	if (total + 64 <= max)
 		return 0;
 	while (i < v->n && total + 64 > max) {
 		histd_view_item *it = &v->items[i];
-		size_t l;
+		size_t l = (*plen)[k];
 
 		if (it->flags & (HISTD_ITEM_SYSTEM | HISTD_ITEM_SUMMARY)) {
 			i++;
+			k++;
 			continue;
 		}
 		if (v->n - i <= 1)
 			break;      /* keep at least the newest message */
-		l = (it->flags & HISTD_ITEM_CHANGED) ?
-		    histd__v1__message__get_packed_size(it->msg) :
-		    it->len;
 		total -= l + 1 + histd_wire_varint_size(l);
 		v->ops->remove(v, i);
+		k++;
 	}
-	return histd_view_fixup(v);
+	if ((rc = histd_view_fixup(v)))
+		return rc;
+	/* The fix-up may change or drop items: measured again. */
+	return (*plen = item_sizes(v)) ? 0 : enomem();
 }
 
 /*
@@ -742,7 +746,7 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	histd_pipeline *p = NULL, *extra = NULL;
 	histd_view *v = NULL;
 	struct sess *s = *sp;
-	size_t n_older;
+	size_t n_older, *plen;
 	int rc, owned = 0;
 
 	if ((rc = histd_driver_read(d, &q, &res)))
@@ -807,9 +811,13 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 		if ((rc = histd_pipeline_transform(extra, v)))
 			goto out;
 	}
-	if ((rc = fit_bytes(v, max_bytes)))
+	if (!(plen = item_sizes(v))) {
+		rc = enomem();
 		goto out;
-	rc = view_pack(v, sum ? sv : NULL, res.revision, out, len);
+	}
+	if ((rc = fit_bytes(v, max_bytes, &plen)))
+		goto out;
+	rc = view_pack(v, sum ? sv : NULL, res.revision, plen, out, len);
 out:
 	histd_view_free(v);
 	if (owned)
