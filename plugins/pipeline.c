@@ -719,10 +719,6 @@ rd_varint(const uint8_t *p, size_t avail, uint64_t *v)
 {
 	uint64_t x = 0;
 
-	if (avail && p[0] < 0x80) {     /* keys and short lengths */
-		*v = p[0];
-		return 1;
-	}
 	for (size_t i = 0; i < avail && i < 10; i++) {
 		x |= (uint64_t)(p[i] & 0x7f) << (7 * i);
 		if (!(p[i] & 0x80)) {
@@ -733,31 +729,49 @@ rd_varint(const uint8_t *p, size_t avail, uint64_t *v)
 	return 0;
 }
 
-/* Skips one field's value; returns bytes taken or 0 if malformed. For
- * wire type 2, *sub and *sub_len give the payload. */
-static inline size_t
-rd_skip(const uint8_t *p, size_t avail, unsigned wt, const uint8_t **sub,
-	size_t *sub_len, uint64_t *num)
+/* Reads a varint at *q (before end) and moves *q past it; 0 if
+ * malformed. The scan's fast path: most keys and lengths are one byte. */
+static inline int
+get_varint(const uint8_t **q, const uint8_t *end, uint64_t *v)
 {
-	uint64_t v = 0;
 	size_t n;
 
+	if (*q < end && **q < 0x80) {
+		*v = *(*q)++;
+		return 1;
+	}
+	if (!(n = rd_varint(*q, (size_t)(end - *q), v)))
+		return 0;
+	*q += n;
+	return 1;
+}
+
+/* Moves *q past a field's value of wire type wt; a varint's value in *v,
+ * a length-delimited one's payload at *sub (its length in *v). 0 if
+ * malformed. */
+static inline int
+get_value(const uint8_t **q, const uint8_t *end, unsigned wt, uint64_t *v,
+	  const uint8_t **sub)
+{
 	switch (wt) {
 	case 0:
-		n = rd_varint(p, avail, &v);
-		if (num)
-			*num = v;
-		return n;
+		return get_varint(q, end, v);
 	case 1:
-		return avail >= 8 ? 8 : 0;
-	case 5:
-		return avail >= 4 ? 4 : 0;
-	case 2:
-		if (!(n = rd_varint(p, avail, &v)) || v > avail - n)
+		if (end - *q < 8)
 			return 0;
-		*sub = p + n;
-		*sub_len = (size_t)v;
-		return n + (size_t)v;
+		*q += 8;
+		return 1;
+	case 5:
+		if (end - *q < 4)
+			return 0;
+		*q += 4;
+		return 1;
+	case 2:
+		if (!get_varint(q, end, v) || *v > (uint64_t)(end - *q))
+			return 0;
+		*sub = *q;
+		*q += *v;
+		return 1;
 	default:
 		return 0;
 	}
@@ -766,56 +780,50 @@ rd_skip(const uint8_t *p, size_t avail, unsigned wt, const uint8_t **sub,
 int
 histd_message_scan(const uint8_t *p, size_t len, int *role, uint32_t *flags)
 {
-	size_t i = 0;
+	const uint8_t *q = p, *end = p + len;
+	uint32_t f = 0;
+	int r = 0;
 
 	*role = 0;
 	*flags = 0;
-	while (i < len) {
-		const uint8_t *sub = NULL;
-		size_t sub_len = 0, n;
-		uint64_t key, num = 0;
+	while (q < end) {
+		const uint8_t *sub = NULL, *b, *bend;
+		uint64_t key, v = 0;
 
-		if (!(n = rd_varint(p + i, len - i, &key)))
+		if (!get_varint(&q, end, &key) ||
+		    !get_value(&q, end, key & 7, &v, &sub))
 			return HISTD_ECORRUPT;
-		i += n;
-		n = rd_skip(p + i, len - i, key & 7, &sub, &sub_len, &num);
-		if (!n)
-			return HISTD_ECORRUPT;
-		i += n;
-		if (key >> 3 == 2 && (key & 7) == 0) {
-			*role = (int)num;
-		} else if (key >> 3 == 3 && (key & 7) == 2) {
-			/* A ContentBlock: which of its oneof fields is set. */
-			size_t j = 0;
+		if (key == (2 << 3 | 0)) {
+			r = (int)v;
+			continue;
+		}
+		if (key != (3 << 3 | 2))
+			continue;
+		/* A ContentBlock: which of its oneof fields is set. */
+		for (b = sub, bend = sub + v; b < bend;) {
+			const uint8_t *s2;
+			uint64_t k2, v2;
 
-			while (j < sub_len) {
-				const uint8_t *s2;
-				size_t l2, m;
-				uint64_t k2;
-
-				if (!(m = rd_varint(sub + j, sub_len - j, &k2)))
-					return HISTD_ECORRUPT;
-				j += m;
-				if (!(m = rd_skip(sub + j, sub_len - j, k2 & 7,
-						  &s2, &l2, NULL)))
-					return HISTD_ECORRUPT;
-				j += m;
-				switch (k2 >> 3) {
-				case 4:
-					*flags |= HISTD_ITEM_REASONING;
-					break;
-				case 5:
-					*flags |= HISTD_ITEM_CALLS;
-					break;
-				case 6:
-					*flags |= HISTD_ITEM_RESULTS;
-					break;
-				}
+			if (!get_varint(&b, bend, &k2) ||
+			    !get_value(&b, bend, k2 & 7, &v2, &s2))
+				return HISTD_ECORRUPT;
+			switch (k2 >> 3) {
+			case 4:
+				f |= HISTD_ITEM_REASONING;
+				break;
+			case 5:
+				f |= HISTD_ITEM_CALLS;
+				break;
+			case 6:
+				f |= HISTD_ITEM_RESULTS;
+				break;
 			}
 		}
 	}
-	if (*role == HISTD__V1__ROLE__ROLE_SYSTEM)
-		*flags |= HISTD_ITEM_SYSTEM;
+	if (r == HISTD__V1__ROLE__ROLE_SYSTEM)
+		f |= HISTD_ITEM_SYSTEM;
+	*role = r;
+	*flags = f;
 	return 0;
 }
 
@@ -825,30 +833,26 @@ static int
 scan_two_strings(const uint8_t *p, size_t len, const uint8_t **s1,
 		 size_t *l1, const uint8_t **s2, size_t *l2)
 {
-	size_t i = 0;
+	const uint8_t *q = p, *end = p + len;
 
 	*s1 = *s2 = NULL;
 	*l1 = *l2 = 0;
-	while (i < len) {
+	while (q < end) {
 		const uint8_t *sub = NULL;
-		size_t sub_len = 0, n;
-		uint64_t key;
+		uint64_t key, v = 0;
 
-		if (!(n = rd_varint(p + i, len - i, &key)))
+		if (!get_varint(&q, end, &key))
 			return HISTD_ECORRUPT;
-		i += n;
 		if ((key >> 3 == 1 || key >> 3 == 2) && (key & 7) != 2)
 			return HISTD_ECORRUPT;
-		if (!(n = rd_skip(p + i, len - i, key & 7, &sub, &sub_len,
-				  NULL)))
+		if (!get_value(&q, end, key & 7, &v, &sub))
 			return HISTD_ECORRUPT;
-		i += n;
 		if (key >> 3 == 1) {
 			*s1 = sub;
-			*l1 = sub_len;
+			*l1 = (size_t)v;
 		} else if (key >> 3 == 2) {
 			*s2 = sub;
-			*l2 = sub_len;
+			*l2 = (size_t)v;
 		}
 	}
 	return 0;
@@ -877,66 +881,56 @@ static int
 tools_scan(struct host *h, const uint8_t *p, size_t len,
 	   histd_view_tool *refs, size_t cap, size_t *n)
 {
-	size_t i = 0, k = 0;
+	const uint8_t *q = p, *end = p + len;
+	size_t k = 0;
 	uint32_t block = 0;
 
-	while (i < len) {
-		const uint8_t *sub = NULL;
-		size_t sub_len = 0, m;
-		uint64_t key;
+	while (q < end) {
+		const uint8_t *sub = NULL, *b, *bend, *one = NULL, *s1, *s2;
+		size_t one_len = 0, l1, l2;
+		uint64_t key, v = 0;
+		unsigned which = 0;
 
-		if (!(m = rd_varint(p + i, len - i, &key)))
+		if (!get_varint(&q, end, &key))
 			return HISTD_ECORRUPT;
-		i += m;
 		if (key >> 3 == 3 && (key & 7) != 2)
 			return HISTD_ECORRUPT;
-		if (!(m = rd_skip(p + i, len - i, key & 7, &sub, &sub_len, NULL)))
+		if (!get_value(&q, end, key & 7, &v, &sub))
 			return HISTD_ECORRUPT;
-		i += m;
-		if (key >> 3 == 3) {
-			const uint8_t *one = NULL, *s1, *s2;
-			size_t one_len = 0, j = 0, l1, l2;
-			unsigned which = 0;
+		if (key >> 3 != 3)
+			continue;
+		for (b = sub, bend = sub + v; b < bend;) {
+			const uint8_t *s3 = NULL;
+			uint64_t k2, v2 = 0;
 
-			while (j < sub_len) {
-				const uint8_t *s3 = NULL;
-				size_t l3 = 0;
-				uint64_t k2;
-
-				if (!(m = rd_varint(sub + j, sub_len - j, &k2)))
+			if (!get_varint(&b, bend, &k2) ||
+			    !get_value(&b, bend, k2 & 7, &v2, &s3))
+				return HISTD_ECORRUPT;
+			if (k2 >> 3 >= 1 && k2 >> 3 <= 6) {
+				if ((k2 & 7) != 2)
 					return HISTD_ECORRUPT;
-				j += m;
-				if (!(m = rd_skip(sub + j, sub_len - j, k2 & 7,
-						  &s3, &l3, NULL)))
-					return HISTD_ECORRUPT;
-				j += m;
-				if (k2 >> 3 >= 1 && k2 >> 3 <= 6) {
-					if ((k2 & 7) != 2)
-						return HISTD_ECORRUPT;
-					which = (unsigned)(k2 >> 3);
-					one = s3;
-					one_len = l3;
-				}
+				which = (unsigned)(k2 >> 3);
+				one = s3;
+				one_len = (size_t)v2;
 			}
-			if (which == 5 || which == 6) {
-				if (scan_two_strings(one, one_len, &s1, &l1, &s2,
-						     &l2))
-					return HISTD_ECORRUPT;
-				if (k < cap) {
-					histd_view_tool *r = &refs[k];
-
-					r->kind = which == 5 ? HISTD_ITEM_CALLS :
-							       HISTD_ITEM_RESULTS;
-					r->block = block;
-					r->id = arena_strndup(h, s1, l1);
-					r->name = arena_strndup(h, s2, l2);
-					if (!r->id || !r->name)
-						return HISTD_ENOMEM;
-				}
-				k++;
-			}
-			block++;
 		}
+		if (which == 5 || which == 6) {
+			if (scan_two_strings(one, one_len, &s1, &l1, &s2, &l2))
+				return HISTD_ECORRUPT;
+			if (k < cap) {
+				histd_view_tool *r = &refs[k];
+
+				r->kind = which == 5 ? HISTD_ITEM_CALLS :
+						       HISTD_ITEM_RESULTS;
+				r->block = block;
+				r->id = arena_strndup(h, s1, l1);
+				r->name = arena_strndup(h, s2, l2);
+				if (!r->id || !r->name)
+					return HISTD_ENOMEM;
+			}
+			k++;
+		}
+		block++;
 	}
 	*n = k;
 	return 0;
