@@ -158,6 +158,19 @@ call_name(histd_view *v, const char *id)
 	return "";
 }
 
+/* The marker that stands for the result of call `id`. */
+static char *
+marker(histd_view *v, const char *id)
+{
+	size_t len = strlen(id) + 80;
+	char *text = v->ops->alloc(v, len);
+
+	if (text)
+		snprintf(text, len, "[tool result masked: tool_call_id=%s; "
+			 "GetToolResult returns it]", id);
+	return text;
+}
+
 /* Replaces block b's tool result by the marker. */
 static int
 mask_block(histd_view *v, Histd__V1__ContentBlock *b)
@@ -172,13 +185,10 @@ mask_block(histd_view *v, Histd__V1__ContentBlock *b)
 	Histd__V1__ContentBlock *cb = v->ops->alloc(v, sizeof(*cb));
 	Histd__V1__ContentBlock **arr = v->ops->alloc(v, sizeof(*arr));
 	Histd__V1__TextBlock *tb = v->ops->alloc(v, sizeof(*tb));
-	size_t len = strlen(old->tool_call_id) + 80;
-	char *text = v->ops->alloc(v, len);
+	char *text = marker(v, old->tool_call_id);
 
 	if (!tr || !cb || !arr || !tb || !text)
 		return HISTD_ENOMEM;
-	snprintf(text, len, "[tool result masked: tool_call_id=%s; "
-		 "GetToolResult returns it]", old->tool_call_id);
 	*tb = tb_init;
 	tb->text = text;
 	*cb = cb_init;
@@ -193,6 +203,24 @@ mask_block(histd_view *v, Histd__V1__ContentBlock *b)
 	tr->n_content = 1;
 	b->tool_result = tr;
 	return 0;
+}
+
+/* 1 if block b of msg is a tool result. */
+static int
+valid_result(const Histd__V1__Message *msg, uint32_t b)
+{
+	return b < msg->n_content && msg->content[b]->block_case ==
+	       HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT;
+}
+
+/* Item i's message unpacked, if its block b is a tool result; else NULL
+ * (the bytes do not hold what histd_view_tools read from them). */
+static Histd__V1__Message *
+unpacked(histd_view *v, size_t i, uint32_t b)
+{
+	Histd__V1__Message *msg = v->ops->message(v, i);
+
+	return msg && valid_result(msg, b) ? msg : NULL;
 }
 
 /*
@@ -225,20 +253,16 @@ m_transform(void *state, histd_view *v)
 			       call_name(v, refs[j].id);
 			if (m->include ? !listed(m, tool) : listed(m, tool))
 				continue;
-			if (m->min_tokens || kept >= m->keep) {
-				/* Unpacked once per message; refs stay valid
-				 * (arena). */
-				if (!msg && !(msg = v->ops->message(v, i)))
-					return HISTD_ECORRUPT;
-				if (refs[j].block >= msg->n_content ||
-				    msg->content[refs[j].block]->block_case !=
-				    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
-					return HISTD_ECORRUPT;
-			}
 			if (m->min_tokens) {
-				const Histd__V1__ToolResultBlock *tr =
-					msg->content[refs[j].block]->tool_result;
+				const Histd__V1__ToolResultBlock *tr;
 
+				/* Measured unpacked, once per message; refs
+				 * stay valid (arena). */
+				if (!msg)
+					msg = v->ops->message(v, i);
+				if (!msg || !valid_result(msg, refs[j].block))
+					return HISTD_ECORRUPT;
+				tr = msg->content[refs[j].block]->tool_result;
 				if (histd_tokens_blocks(tr->content,
 							tr->n_content) <
 				    m->min_tokens)
@@ -247,6 +271,24 @@ m_transform(void *state, histd_view *v)
 			if (kept < m->keep) {
 				kept++;
 				continue;
+			}
+			if (!msg) {
+				/* In the bytes, when they are plain enough
+				 * (histd_view_mask_result); else unpacked. */
+				const char *text = marker(v, refs[j].id);
+				int done;
+
+				if (!text)
+					return HISTD_ENOMEM;
+				if ((rc = histd_view_mask_result(v, i,
+						refs[j].block, text, &done)))
+					return rc;
+				if (done)
+					continue;
+				if (!(msg = unpacked(v, i, refs[j].block)))
+					return HISTD_ECORRUPT;
+			} else if (!valid_result(msg, refs[j].block)) {
+				return HISTD_ECORRUPT;
 			}
 			if ((rc = mask_block(v, msg->content[refs[j].block])))
 				return rc;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "histd_wire.h"
 #include "idset.h"
 #include "tokens.h"
 
@@ -1066,6 +1067,229 @@ corrupt:
 	return histd_error_set(HISTD_ECORRUPT,
 		"the stored message at seq %llu does not decode",
 		(unsigned long long)it->seq);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Masking a tool result in the stored bytes                               */
+
+/* A field of a packed message: where it starts and ends, and (wire type
+ * 2) its payload. */
+struct wfield {
+	const uint8_t *start, *end, *sub;
+	uint64_t key, v;
+};
+
+/* Reads the field at *q (before end); 0 if malformed. */
+static int
+next_field(const uint8_t **q, const uint8_t *end, struct wfield *f)
+{
+	f->start = *q;
+	f->sub = NULL;
+	f->v = 0;
+	if (!get_varint(q, end, &f->key) ||
+	    !get_value(q, end, f->key & 7, &f->v, &f->sub))
+		return 0;
+	f->end = *q;
+	return 1;
+}
+
+/* Tokens of a ToolResultBlock's content when every block is a text
+ * block and nothing but its text: 0 and *tokens, else -1. */
+static int
+result_text_tokens(const uint8_t *p, uint64_t len, uint64_t *tokens)
+{
+	const uint8_t *q = p, *end = p + len;
+	struct wfield f, b, t;
+
+	*tokens = 0;
+	while (q < end) {
+		const uint8_t *bq, *tq, *text = NULL;
+		uint64_t text_len = 0;
+		int kind = 0;
+
+		if (!next_field(&q, end, &f))
+			return -1;
+		if (f.key != (3 << 3 | 2))
+			continue;        /* id, name, is_error, unknown */
+		for (bq = f.sub; bq < f.sub + f.v;) {
+			if (!next_field(&bq, f.sub + f.v, &b))
+				return -1;
+			if (b.key >> 3 >= 1 && b.key >> 3 <= 6) {
+				if (b.key != (1 << 3 | 2) || kind)
+					return -1;
+				kind = 1;
+				for (tq = b.sub; tq < b.sub + b.v;) {
+					if (!next_field(&tq, b.sub + b.v, &t))
+						return -1;
+					if (t.key == (1 << 3 | 2)) {
+						text = t.sub;
+						text_len = t.v;
+					} else if (t.key >> 3 == 1) {
+						return -1;
+					}
+				}
+			}
+		}
+		if (kind)
+			*tokens += histd_tokens_text((const char *)text,
+						     (size_t)text_len);
+	}
+	return 0;
+}
+
+int
+histd_view_mask_result(histd_view *v, size_t i, uint32_t block,
+		       const char *text, int *done)
+{
+	histd_view_item *it;
+	const uint8_t *q, *end, *id = NULL, *name = NULL;
+	struct wfield f, c, r = { 0 }, content = { 0 }, tok = { 0 };
+	uint64_t id_len = 0, name_len = 0, old_t, new_t, is_error = 0;
+	size_t text_len = strlen(text), tb_len, cb_len, tr_len, blk_len, size;
+	size_t o = 0;
+	uint32_t n_block = 0;
+	int found = 0, which = 0;
+	uint8_t *out;
+
+	*done = 0;
+	if (i >= v->n)
+		return 0;
+	it = &v->items[i];
+	if (it->msg || !it->data || it->tokens == UINT32_MAX)
+		return 0;
+	/* The message: its content block `block`, its token_estimate. */
+	for (q = it->data, end = it->data + it->len; q < end;) {
+		if (!next_field(&q, end, &f))
+			return 0;
+		if (f.key >> 3 == 8) {
+			if (tok.start || f.key != (8 << 3 | 0))
+				return 0;
+			tok = f;
+		} else if (f.key >> 3 == 3) {
+			if (f.key != (3 << 3 | 2))
+				return 0;
+			if (n_block++ == block) {
+				content = f;
+				found = 1;
+			}
+		}
+	}
+	if (!found)
+		return 0;
+	/* The block: a tool_result and no other of the oneof's fields. */
+	for (q = content.sub; q < content.sub + content.v;) {
+		if (!next_field(&q, content.sub + content.v, &c))
+			return 0;
+		if (c.key >> 3 >= 1 && c.key >> 3 <= 6) {
+			if (c.key != (6 << 3 | 2) || which)
+				return 0;
+			which = 6;
+			r = c;
+		}
+	}
+	if (which != 6)
+		return 0;
+	/* The result: what it keeps, and the tokens its content counted. */
+	for (q = r.sub; q < r.sub + r.v;) {
+		if (!next_field(&q, r.sub + r.v, &f))
+			return 0;
+		if (f.key == (1 << 3 | 2)) {
+			id = f.sub;
+			id_len = f.v;
+		} else if (f.key == (2 << 3 | 2)) {
+			name = f.sub;
+			name_len = f.v;
+		} else if (f.key == (4 << 3 | 0)) {
+			is_error = f.v;
+		} else if (f.key >> 3 >= 1 && f.key >> 3 <= 4 &&
+			   f.key != (3 << 3 | 2)) {
+			return 0;
+		}
+	}
+	if (result_text_tokens(r.sub, r.v, &old_t) || old_t > it->tokens)
+		return 0;
+	new_t = it->tokens - old_t + histd_tokens_text(text, text_len);
+	if (new_t > UINT32_MAX)
+		new_t = UINT32_MAX;
+
+	/* Sizes, innermost first: TextBlock, ContentBlock, ToolResultBlock,
+	 * the content block with its other fields, the message. */
+	tb_len = text_len ? 1 + histd_wire_varint_size(text_len) + text_len : 0;
+	cb_len = 1 + histd_wire_varint_size(tb_len) + tb_len;
+	tr_len = (id_len ? 1 + histd_wire_varint_size(id_len) + id_len : 0) +
+		 (name_len ? 1 + histd_wire_varint_size(name_len) + name_len :
+			     0) +
+		 1 + histd_wire_varint_size(cb_len) + cb_len +
+		 (is_error ? 2 : 0);
+	blk_len = content.v - (size_t)(r.end - r.start) +
+		  1 + histd_wire_varint_size(tr_len) + tr_len;
+	size = it->len - (size_t)(content.end - content.start) +
+	       1 + histd_wire_varint_size(blk_len) + blk_len -
+	       (size_t)(tok.start ? tok.end - tok.start : 0) +
+	       (new_t ? 1 + histd_wire_varint_size(new_t) : 0);
+	if (!(out = arena_alloc(v->host, size ? size : 1)))
+		return enomem();
+
+	/* The message's fields as stored, but the block and the estimate. */
+	for (q = it->data, end = it->data + it->len; q < end;) {
+		next_field(&q, end, &f);
+		if (f.start == tok.start) {
+			continue;
+		} else if (f.start != content.start) {
+			memcpy(out + o, f.start, (size_t)(f.end - f.start));
+			o += (size_t)(f.end - f.start);
+			continue;
+		}
+		o += histd_wire_put_len_key(out + o, 3, blk_len);
+		/* The block's other fields as stored, the result replaced. */
+		for (const uint8_t *bq = content.sub;
+		     bq < content.sub + content.v;) {
+			next_field(&bq, content.sub + content.v, &c);
+			if (c.start != r.start) {
+				memcpy(out + o, c.start,
+				       (size_t)(c.end - c.start));
+				o += (size_t)(c.end - c.start);
+				continue;
+			}
+			o += histd_wire_put_len_key(out + o, 6, tr_len);
+			if (id_len) {
+				o += histd_wire_put_len_key(out + o, 1, id_len);
+				memcpy(out + o, id, id_len);
+				o += id_len;
+			}
+			if (name_len) {
+				o += histd_wire_put_len_key(out + o, 2,
+							    name_len);
+				memcpy(out + o, name, name_len);
+				o += name_len;
+			}
+			o += histd_wire_put_len_key(out + o, 3, cb_len);
+			o += histd_wire_put_len_key(out + o, 1, tb_len);
+			if (text_len) {
+				o += histd_wire_put_len_key(out + o, 1,
+							    text_len);
+				memcpy(out + o, text, text_len);
+				o += text_len;
+			}
+			if (is_error) {
+				out[o++] = 4 << 3 | 0;
+				out[o++] = 1;
+			}
+		}
+	}
+	if (new_t) {
+		out[o++] = 8 << 3 | 0;
+		o += histd_wire_put_varint(out + o, new_t);
+	}
+	/* The item's tool slot (same ids, same blocks) follows its bytes. */
+	if (it->host_ix && it->host_ix <= ((struct host *)v->host)->tools_used &&
+	    ((struct host *)v->host)->tools[it->host_ix - 1].data == it->data)
+		((struct host *)v->host)->tools[it->host_ix - 1].data = out;
+	it->data = out;
+	it->len = o;
+	it->tokens = (uint32_t)new_t;
+	*done = 1;
+	return 0;
 }
 
 int

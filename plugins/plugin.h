@@ -349,6 +349,21 @@ typedef struct histd_view_tool {
  */
 int histd_view_tools(histd_view *v, size_t i, const histd_view_tool **refs,
 		     size_t *n);
+/*
+ * Replaces, in item i's bytes, the tool result of content block `block`
+ * (numbered as histd_view_tools numbers them) by one text block `text`,
+ * keeping its tool_call_id, tool_name and is_error: what unpacking the
+ * message, replacing the block's tool_result and packing gives, without
+ * unpacking. The item's bytes become the new ones (in the view's arena;
+ * the stored bytes are never written) and its tokens are re-estimated
+ * from its stored estimate. *done is 0, and nothing changes, when the
+ * item is unpacked already, or its bytes are not the plain shape this
+ * reads (a result with other than text blocks, a block with another of
+ * the oneof's fields, a saturated estimate): the caller then unpacks the
+ * message and changes it. 0 or ENOMEM.
+ */
+int histd_view_mask_result(histd_view *v, size_t i, uint32_t block,
+			   const char *text, int *done);
 /* Arena allocation (same as v->ops->alloc). */
 void *histd_view_alloc(histd_view *v, size_t size);
 

@@ -608,6 +608,170 @@ a_message_with_many_tool_calls_gives_them_all(void **state)
 	tx_free(&t);
 }
 
+/*
+ * histd_view_mask_result against what unpacking, replacing the result and
+ * packing gives (the masking plugin's other path): the same message once
+ * both are unpacked and packed canonically, and the estimate
+ * histd_tokens_message gives. Shapes: parallel results (one masked, the
+ * other kept), is_error, a block and a message with provider_state,
+ * author and metadata; a result holding an image is left to the unpacking
+ * path (*done 0, nothing changed).
+ */
+static uint8_t *
+pack_msg(Histd__V1__Message *m, size_t *len)
+{
+	uint8_t *b;
+
+	m->token_estimate = histd_tokens_message(m);
+	*len = histd__v1__message__get_packed_size(m);
+	b = malloc(*len);
+	assert_non_null(b);
+	histd__v1__message__pack(m, b);
+	return b;
+}
+
+static void
+expect_wire_mask_equals_unpacked(const uint8_t *data, size_t len,
+				 uint32_t block, const char *text)
+{
+	Histd__V1__Message *want, *got;
+	Histd__V1__ToolResultBlock tr = HISTD__V1__TOOL_RESULT_BLOCK__INIT;
+	Histd__V1__ContentBlock cb = HISTD__V1__CONTENT_BLOCK__INIT, *cbp = &cb;
+	Histd__V1__TextBlock tb = HISTD__V1__TEXT_BLOCK__INIT;
+	Histd__V1__ToolResultBlock *old;
+	uint8_t *a, *b;
+	size_t la, lb;
+	histd_view *v;
+	int done = 0;
+
+	v = histd_view_new();
+	assert_non_null(v);
+	assert_int_equal(histd_view_push_record(v, 9, 0, data, len), 0);
+	want = histd__v1__message__unpack(NULL, len, data);
+	assert_non_null(want);
+	v->items[0].tokens = want->token_estimate;
+	assert_int_equal(histd_view_mask_result(v, 0, block, text, &done), 0);
+	assert_int_equal(done, 1);
+	assert_ptr_not_equal(v->items[0].data, data);
+
+	/* The other path, by hand. */
+	old = want->content[block]->tool_result;
+	tb.text = (char *)text;
+	cb.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+	cb.text = &tb;
+	tr.tool_call_id = old->tool_call_id;
+	tr.tool_name = old->tool_name;
+	tr.is_error = old->is_error;
+	tr.content = &cbp;
+	tr.n_content = 1;
+	want->content[block]->tool_result = &tr;
+	want->token_estimate = histd_tokens_message(want);
+	assert_int_equal(v->items[0].tokens, want->token_estimate);
+
+	got = histd__v1__message__unpack(NULL, v->items[0].len,
+					 v->items[0].data);
+	assert_non_null(got);
+	la = histd__v1__message__get_packed_size(want);
+	lb = histd__v1__message__get_packed_size(got);
+	assert_int_equal(la, lb);
+	a = malloc(la);
+	b = malloc(lb);
+	histd__v1__message__pack(want, a);
+	histd__v1__message__pack(got, b);
+	assert_memory_equal(a, b, la);
+	free(a);
+	free(b);
+	want->content[block]->tool_result = old;
+	histd__v1__message__free_unpacked(want, NULL);
+	histd__v1__message__free_unpacked(got, NULL);
+	histd_view_free(v);
+}
+
+static void
+wire_masking_gives_what_unpacking_gives(void **state)
+{
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT;
+	Histd__V1__ContentBlock cb[3], *cbp[3], inner[3], *innerp[3];
+	Histd__V1__ToolResultBlock tr[3];
+	Histd__V1__TextBlock tb[3];
+	Histd__V1__ImageBlock img = HISTD__V1__IMAGE_BLOCK__INIT;
+	Histd__V1__ContentBlock__ProviderStateEntry ps =
+		HISTD__V1__CONTENT_BLOCK__PROVIDER_STATE_ENTRY__INIT, *psp = &ps;
+	Histd__V1__Message__MetadataEntry md =
+		HISTD__V1__MESSAGE__METADATA_ENTRY__INIT, *mdp = &md;
+	const char *texts[3] = { "first result, long enough to count",
+				 "second: \xc3\xa9t\xc3\xa9 and more",
+				 "third" };
+	const char *ids[3] = { "call_a", "call_b", "call_c" };
+	histd_view *v;
+	uint8_t *data;
+	size_t len;
+	int done = 1;
+
+	(void)state;
+	for (int k = 0; k < 3; k++) {
+		histd__v1__content_block__init(&cb[k]);
+		histd__v1__content_block__init(&inner[k]);
+		histd__v1__tool_result_block__init(&tr[k]);
+		histd__v1__text_block__init(&tb[k]);
+		tb[k].text = (char *)texts[k];
+		inner[k].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+		inner[k].text = &tb[k];
+		innerp[k] = &inner[k];
+		tr[k].tool_call_id = (char *)ids[k];
+		tr[k].tool_name = k == 2 ? "" : "read_file";
+		tr[k].content = &innerp[k];
+		tr[k].n_content = 1;
+		cb[k].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT;
+		cb[k].tool_result = &tr[k];
+		cbp[k] = &cb[k];
+	}
+	tr[1].is_error = 1;
+	ps.key = "openai";
+	ps.value.data = (uint8_t *)"opaque";
+	ps.value.len = 6;
+	cb[1].provider_state = &psp;
+	cb[1].n_provider_state = 1;
+	md.key = "k";
+	md.value = "v";
+	m.role = HISTD__V1__ROLE__ROLE_TOOL;
+	m.seq = 9;
+	m.author = "agent";
+	m.metadata = &mdp;
+	m.n_metadata = 1;
+	m.content = cbp;
+	m.n_content = 3;
+	data = pack_msg(&m, &len);
+	for (uint32_t b = 0; b < 3; b++)
+		expect_wire_mask_equals_unpacked(data, len, b,
+			"[tool result masked: tool_call_id=x; GetToolResult "
+			"returns it]");
+	/* An empty marker and a result whose estimate was 0. */
+	expect_wire_mask_equals_unpacked(data, len, 2, "");
+	free(data);
+
+	/* A result holding an image: not read here, nothing changed. */
+	img.media_type = "image/png";
+	img.source_case = HISTD__V1__IMAGE_BLOCK__SOURCE_URL;
+	img.url = "https://example.com/a.png";
+	inner[0].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_IMAGE;
+	inner[0].image = &img;
+	m.n_content = 1;
+	data = pack_msg(&m, &len);
+	v = histd_view_new();
+	assert_int_equal(histd_view_push_record(v, 9, m.token_estimate, data,
+						len), 0);
+	assert_int_equal(histd_view_mask_result(v, 0, 0, "masked", &done), 0);
+	assert_int_equal(done, 0);
+	assert_ptr_equal(v->items[0].data, data);
+	assert_int_equal(v->items[0].len, len);
+	/* A block that is not a tool result, or past the last: the same. */
+	assert_int_equal(histd_view_mask_result(v, 0, 1, "masked", &done), 0);
+	assert_int_equal(done, 0);
+	histd_view_free(v);
+	free(data);
+}
+
 /* ---------------------------------------------------------------------- */
 /* Validation                                                              */
 
@@ -971,6 +1135,7 @@ main(void)
 		cmocka_unit_test(
 			a_reused_view_starts_empty_and_reads_tools_afresh),
 		cmocka_unit_test(a_message_with_many_tool_calls_gives_them_all),
+		cmocka_unit_test(wire_masking_gives_what_unpacking_gives),
 		cmocka_unit_test(
 			unknown_plugins_and_bad_options_are_invalid_argument),
 		cmocka_unit_test(
