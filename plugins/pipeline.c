@@ -1296,7 +1296,6 @@ int
 histd_view_push_record(histd_view *v, uint64_t seq, uint32_t tokens,
 		       const uint8_t *data, size_t len)
 {
-	histd_view_item *it;
 	uint32_t flags;
 	int role;
 
@@ -1304,6 +1303,16 @@ histd_view_push_record(histd_view *v, uint64_t seq, uint32_t tokens,
 		return histd_error_set(HISTD_ECORRUPT,
 			"the stored message at seq %llu does not decode",
 			(unsigned long long)seq);
+	return histd_view_push_known(v, seq, tokens, data, len, role, flags);
+}
+
+int
+histd_view_push_known(histd_view *v, uint64_t seq, uint32_t tokens,
+		      const uint8_t *data, size_t len, int role,
+		      uint32_t flags)
+{
+	histd_view_item *it;
+
 	if (!(it = push_item(v)))
 		return enomem();
 	it->seq = seq;

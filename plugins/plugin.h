@@ -319,6 +319,11 @@ void histd_view_free(histd_view *v);
  * ECORRUPT if the bytes are not a message. */
 int histd_view_push_record(histd_view *v, uint64_t seq, uint32_t tokens,
 			   const uint8_t *data, size_t len);
+/* Appends an item that borrows data whose role and HISTD_ITEM_* flags the
+ * caller knows (a message it made): no scan. 0 or ENOMEM. */
+int histd_view_push_known(histd_view *v, uint64_t seq, uint32_t tokens,
+			  const uint8_t *data, size_t len, int role,
+			  uint32_t flags);
 /* Appends an item holding m (allocated in the view's arena or borrowed
  * for the view's life), marked changed, with extra flags. */
 int histd_view_push_message(histd_view *v, Histd__V1__Message *m,

@@ -707,11 +707,12 @@ view_fill(struct sess *s, histd_driver *d, const char *tenant,
 			return rc;
 	}
 	if (sv) {
-		/* The packed summary message stands as its stored bytes. */
-		if ((rc = histd_view_push_record(v, 0, sv->tokens, sv->msg,
-						 sv->msg_len)))
+		/* The packed summary message stands as its stored bytes: a
+		 * user message of one text block (summary_message). */
+		if ((rc = histd_view_push_known(v, 0, sv->tokens, sv->msg,
+				sv->msg_len, HISTD__V1__ROLE__ROLE_USER,
+				HISTD_ITEM_SUMMARY)))
 			return rc;
-		v->items[v->n - 1].flags = HISTD_ITEM_SUMMARY;
 	}
 	for (size_t i = 0; i < res->records.n; i++) {
 		const histd_record *rec = &res->records.v[i];
