@@ -1155,7 +1155,7 @@ histd_view_mask_result(histd_view *v, size_t i, uint32_t block,
 	if (i >= v->n)
 		return 0;
 	it = &v->items[i];
-	if (it->msg || !it->data || it->tokens == UINT32_MAX)
+	if (it->msg || !it->data)
 		return 0;
 	/* The message: its content block `block`, its token_estimate. */
 	for (q = it->data, end = it->data + it->len; q < end;) {
@@ -1206,11 +1206,19 @@ histd_view_mask_result(histd_view *v, size_t i, uint32_t block,
 			return 0;
 		}
 	}
-	if (result_text_tokens(r.sub, r.v, &old_t) || old_t > it->tokens)
-		return 0;
-	new_t = it->tokens - old_t + histd_tokens_text(text, text_len);
-	if (new_t > UINT32_MAX)
-		new_t = UINT32_MAX;
+	/* The estimate: a message of this one block is the overhead and the
+	 * marker; else the stored estimate less what the result counted. */
+	new_t = histd_tokens_text(text, text_len);
+	if (n_block == 1) {
+		new_t += HISTD_TOKENS_MESSAGE_OVERHEAD;
+	} else {
+		if (it->tokens == UINT32_MAX ||
+		    result_text_tokens(r.sub, r.v, &old_t) || old_t > it->tokens)
+			return 0;
+		new_t += it->tokens - old_t;
+		if (new_t > UINT32_MAX)
+			new_t = UINT32_MAX;
+	}
 
 	/* Sizes, innermost first: TextBlock, ContentBlock, ToolResultBlock,
 	 * the content block with its other fields, the message. */

@@ -361,11 +361,12 @@ int histd_view_tools(histd_view *v, size_t i, const histd_view_tool **refs,
  * message, replacing the block's tool_result and packing gives, without
  * unpacking. The item's bytes become the new ones (in the view's arena;
  * the stored bytes are never written) and its tokens are re-estimated
- * from its stored estimate. *done is 0, and nothing changes, when the
- * item is unpacked already, or its bytes are not the plain shape this
- * reads (a result with other than text blocks, a block with another of
- * the oneof's fields, a saturated estimate): the caller then unpacks the
- * message and changes it. 0 or ENOMEM.
+ * (a message of other blocks too: from its stored estimate). *done is 0,
+ * and nothing changes, when the item is unpacked already, or its bytes
+ * are not the plain shape this reads (a block with another of the
+ * oneof's fields; in a message of several blocks, a result with other
+ * than text blocks, or a saturated estimate): the caller then unpacks
+ * the message and changes it. 0 or ENOMEM.
  */
 int histd_view_mask_result(histd_view *v, size_t i, uint32_t block,
 			   const char *text, int *done);

@@ -750,13 +750,19 @@ wire_masking_gives_what_unpacking_gives(void **state)
 	expect_wire_mask_equals_unpacked(data, len, 2, "");
 	free(data);
 
-	/* A result holding an image: not read here, nothing changed. */
+	/* A result holding an image: alone in its message, masked (the
+	 * estimate is the overhead and the marker); beside another block,
+	 * not read here, and nothing changed. */
 	img.media_type = "image/png";
 	img.source_case = HISTD__V1__IMAGE_BLOCK__SOURCE_URL;
 	img.url = "https://example.com/a.png";
 	inner[0].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_IMAGE;
 	inner[0].image = &img;
 	m.n_content = 1;
+	data = pack_msg(&m, &len);
+	expect_wire_mask_equals_unpacked(data, len, 0, "masked");
+	free(data);
+	m.n_content = 2;
 	data = pack_msg(&m, &len);
 	v = histd_view_new();
 	assert_int_equal(histd_view_push_record(v, 9, m.token_estimate, data,
@@ -765,9 +771,10 @@ wire_masking_gives_what_unpacking_gives(void **state)
 	assert_int_equal(done, 0);
 	assert_ptr_equal(v->items[0].data, data);
 	assert_int_equal(v->items[0].len, len);
-	/* A block that is not a tool result, or past the last: the same. */
-	assert_int_equal(histd_view_mask_result(v, 0, 1, "masked", &done), 0);
+	/* A block past the last: the same. */
+	assert_int_equal(histd_view_mask_result(v, 0, 2, "masked", &done), 0);
 	assert_int_equal(done, 0);
+	assert_ptr_equal(v->items[0].data, data);
 	histd_view_free(v);
 	free(data);
 }
