@@ -94,6 +94,11 @@ struct sess {
 	 * side by side (read lock); a new one replaces it (write lock). */
 	pthread_rwlock_t sum_lock;
 	struct sum_view *sumv;
+	/* sumv is the session's newest summary at this revision of the
+	 * session created at sum_created_us (0: not known): a read at that
+	 * revision takes it without comparing bytes. */
+	uint64_t sum_revision;
+	int64_t sum_created_us;
 	/* How many messages a CONTEXT read loads first: its pipeline's
 	 * newest_needed as of the last read (0: FIRST_LOAD). */
 	_Atomic uint32_t load_hint;
@@ -592,27 +597,42 @@ fit_bytes(histd_view *v, size_t max, size_t **plen)
 }
 
 /*
- * The view of the stored summary rec: the session's cached one when rec
- * is the same bytes, else made now (built in v's arena, then packed) and
- * cached in its place. *out holds a reference (sum_view_unref).
+ * The view of the stored summary rec, read at `revision` of the session
+ * record sr: the session's cached one when it is known for that revision
+ * or is the same bytes, else made now (built in v's arena, then packed)
+ * and cached in its place. *out holds a reference (sum_view_unref).
  */
 static int
 summary_view(struct sess *s, histd_view *v, const histd_record *rec,
+	     uint64_t revision, const histd_session *sr,
 	     struct sum_view **out)
 {
 	struct sum_view *sv, *old;
 	Histd__V1__Message *m;
+	int known, same;
 
 	pthread_rwlock_rdlock(&s->sum_lock);
 	sv = s->sumv;
-	if (sv && sv->rec_len == rec->len &&
-	    !memcmp(sv->rec, rec->data, rec->len)) {
+	known = sv && s->sum_revision == revision &&
+		s->sum_created_us == sr->created_at_us;
+	same = known || (sv && sv->rec_len == rec->len &&
+			 !memcmp(sv->rec, rec->data, rec->len));
+	if (same)
 		atomic_fetch_add(&sv->refs, 1);
-		pthread_rwlock_unlock(&s->sum_lock);
+	pthread_rwlock_unlock(&s->sum_lock);
+	if (same) {
+		/* Known for this revision from now on, if the lock is free
+		 * (a busy one only costs the next read a comparison). */
+		if (!known && !pthread_rwlock_trywrlock(&s->sum_lock)) {
+			if (s->sumv == sv) {
+				s->sum_revision = revision;
+				s->sum_created_us = sr->created_at_us;
+			}
+			pthread_rwlock_unlock(&s->sum_lock);
+		}
 		*out = sv;
 		return 0;
 	}
-	pthread_rwlock_unlock(&s->sum_lock);
 
 	if (!(sv = calloc(1, sizeof(*sv))))
 		return enomem();
@@ -653,6 +673,8 @@ summary_view(struct sess *s, histd_view *v, const histd_record *rec,
 	pthread_rwlock_wrlock(&s->sum_lock);
 	old = s->sumv;
 	s->sumv = sv;
+	s->sum_revision = revision;
+	s->sum_created_us = sr->created_at_us;
 	pthread_rwlock_unlock(&s->sum_lock);
 	sum_view_unref(old);
 	*out = sv;
@@ -784,7 +806,8 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 					      memory_order_relaxed);
 	}
 	if (res.summary) {
-		if ((rc = summary_view(s, v, res.summary, &sv)))
+		if ((rc = summary_view(s, v, res.summary, res.revision,
+				       res.session, &sv)))
 			goto out;
 		sum = sv->sum;
 	}
@@ -1523,7 +1546,8 @@ window_cut(struct sess *s, const histd_session *sr, const histd_pipeline *p,
 		goto out;
 	}
 	if (res.summary) {
-		if ((rc = summary_view(s, v, res.summary, &sv)))
+		if ((rc = summary_view(s, v, res.summary, res.revision, sr,
+				       &sv)))
 			goto out;
 		/* One from before a clear or replace covers nothing left. */
 		if (sv->sum->covers_to_seq > res.cleared_to_seq)

@@ -461,6 +461,67 @@ context_is_system_then_summary_as_user_then_the_tail(void **state)
 	free_msg(g);
 }
 
+/* Three turns of `tag` questions, answers and results: 12 messages. */
+static void
+tagged_turns(const char *id, const char *tag)
+{
+	for (int i = 0; i < 3; i++) {
+		char q[64], c[32], a[64];
+
+		snprintf(q, sizeof(q), "%s question %d.", tag, i);
+		snprintf(c, sizeof(c), "call-%s-%d", tag, i);
+		snprintf(a, sizeof(a), "%s answer %d.", tag, i);
+		append_msg(id, HISTD__V1__ROLE__ROLE_USER, q, NULL, NULL);
+		append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, NULL, c, NULL);
+		append_msg(id, HISTD__V1__ROLE__ROLE_TOOL, "result text", NULL,
+			   c);
+		append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, a, NULL, NULL);
+	}
+}
+
+/* The summary a CONTEXT read shows is known per revision of a session: a
+ * session deleted and made again under the same id, at the same revision,
+ * shows its own summary, not the one before. */
+static void
+a_session_made_again_shows_its_own_summary(void **state)
+{
+	static const char *const pl[] = {
+		"compaction", "keep_recent", "2", NULL };
+	Histd__V1__DeleteSessionRequest del =
+		HISTD__V1__DELETE_SESSION_REQUEST__INIT;
+	Histd__V1__ReduceResponse *rr;
+	Histd__V1__GetMessagesResponse *g;
+	uint64_t first_revision;
+
+	(void)state;
+	assert_int_equal(create("again", pl), 0);
+	tagged_turns("again", "First");
+	assert_int_equal(reduce("again", &rr), 0);
+	free_msg(rr);
+	for (int k = 0; k < 2; k++) {      /* the second read is cached */
+		g = get("again", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+		assert_non_null(g->summary);
+		assert_non_null(strstr(text_of(g->messages[0]),
+				       "First question 0."));
+		first_revision = g->revision;
+		free_msg(g);
+	}
+
+	del.session_id = "again";
+	assert_int_equal(call(HISTD_M_DELETE_SESSION, &del.base, NULL, NULL),
+			 0);
+	assert_int_equal(create("again", pl), 0);
+	tagged_turns("again", "Second");
+	assert_int_equal(reduce("again", &rr), 0);
+	free_msg(rr);
+	g = get("again", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_int_equal(g->revision, first_revision);
+	assert_non_null(g->summary);
+	assert_non_null(strstr(text_of(g->messages[0]), "Second question 0."));
+	assert_null(strstr(text_of(g->messages[0]), "First question"));
+	free_msg(g);
+}
+
 static void
 masked_results_are_markers_and_get_tool_result_has_the_original(void **state)
 {
@@ -863,6 +924,9 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(
+			a_session_made_again_shows_its_own_summary, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(
 			context_is_system_then_summary_as_user_then_the_tail,
 			setup, teardown),
