@@ -286,8 +286,19 @@ append_msg(const char *id, Histd__V1__Role role, const char *text,
 		fail_msg("append: %s", histd_error_message());
 }
 
-/* An agent turn: user asks, assistant calls, tool answers, assistant
- * says. 4 messages. */
+/* An agent turn: user asks q, assistant calls c, tool answers result,
+ * assistant says a. 4 messages. */
+static void
+turn_of(const char *id, const char *q, const char *c, const char *result,
+	const char *a)
+{
+	append_msg(id, HISTD__V1__ROLE__ROLE_USER, q, NULL, NULL);
+	append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, NULL, c, NULL);
+	append_msg(id, HISTD__V1__ROLE__ROLE_TOOL, result, NULL, c);
+	append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, a, NULL, NULL);
+}
+
+/* Turn i of the usual agent loop. */
 static void
 turn(const char *id, int i)
 {
@@ -296,12 +307,8 @@ turn(const char *id, int i)
 	snprintf(q, sizeof(q), "Question number %d.", i);
 	snprintf(c, sizeof(c), "call-%d", i);
 	snprintf(a, sizeof(a), "Answer number %d.", i);
-	append_msg(id, HISTD__V1__ROLE__ROLE_USER, q, NULL, NULL);
-	append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, NULL, c, NULL);
-	append_msg(id, HISTD__V1__ROLE__ROLE_TOOL,
-		   "file contents that are long enough to be worth masking",
-		   NULL, c);
-	append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, a, NULL, NULL);
+	turn_of(id, q, c,
+		"file contents that are long enough to be worth masking", a);
 }
 
 static Histd__V1__GetMessagesResponse *
@@ -471,11 +478,7 @@ tagged_turns(const char *id, const char *tag)
 		snprintf(q, sizeof(q), "%s question %d.", tag, i);
 		snprintf(c, sizeof(c), "call-%s-%d", tag, i);
 		snprintf(a, sizeof(a), "%s answer %d.", tag, i);
-		append_msg(id, HISTD__V1__ROLE__ROLE_USER, q, NULL, NULL);
-		append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, NULL, c, NULL);
-		append_msg(id, HISTD__V1__ROLE__ROLE_TOOL, "result text", NULL,
-			   c);
-		append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, a, NULL, NULL);
+		turn_of(id, q, c, "result text", a);
 	}
 }
 
