@@ -482,7 +482,7 @@ histd_driver_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 	if ((rc = check_names(d, q->tenant, q->session_id)))
 		return rc;
 	rc = OBSERVED("read", d->read(d, q, &r));
-	if (rc == 0 && q->want_summary && !r.summary_read) {
+	if (rc == 0 && q->want_summary && !r.summary_read && !r.known) {
 		histd_record_free(r.summary);
 		r.summary = NULL;
 		rc = OBSERVED("summary_get", d->summary_get(d, q->tenant,

@@ -203,6 +203,14 @@ typedef struct histd_read {
 	 * one that does not, histd_driver_read gets it by summary_get after
 	 * the read. */
 	int want_summary;
+	/* With want_session or want_summary: a revision of this session (of
+	 * the one created at known_created_us) whose session record and
+	 * summary the caller holds already (0: none). A driver that finds
+	 * the session still there leaves result->session and
+	 * result->summary NULL and sets result->known; one that does not
+	 * look (optional) fills them as usual. */
+	uint64_t known_revision;
+	int64_t known_created_us;
 } histd_read;
 
 /* Everything is read at one instant: the messages are exactly those stored
@@ -217,6 +225,7 @@ typedef struct histd_read_result {
 	histd_session *session;     /* if want_session; caller frees */
 	histd_record *summary;      /* if want_summary; caller frees */
 	int summary_read;           /* set by a driver that filled summary */
+	int known;                  /* at known_revision: nothing filled */
 } histd_read_result;
 
 typedef struct histd_list {

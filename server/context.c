@@ -94,11 +94,19 @@ struct sess {
 	 * side by side (read lock); a new one replaces it (write lock). */
 	pthread_rwlock_t sum_lock;
 	struct sum_view *sumv;
-	/* sumv is the session's newest summary at this revision of the
-	 * session created at sum_created_us (0: not known): a read at that
-	 * revision takes it without comparing bytes. */
-	uint64_t sum_revision;
-	int64_t sum_created_us;
+	/* The last full CONTEXT read's snapshot, under sum_lock: at
+	 * known_revision of the session created at known_created_us, its
+	 * record's numbers (known_core: no strings, no config), its pipeline
+	 * (one of x's, which live as long as x) and its summary's view (a
+	 * reference; NULL for none). A read passes the pair to the driver,
+	 * which leaves those out while the session is still there. The pair
+	 * is also read without the lock; a read checks it again under the
+	 * lock before it uses the snapshot. */
+	_Atomic uint64_t known_revision;
+	_Atomic int64_t known_created_us;
+	histd_session known_core;
+	histd_pipeline *known_pipe;
+	struct sum_view *known_sv;
 	/* How many messages a CONTEXT read loads first: its pipeline's
 	 * newest_needed as of the last read (0: FIRST_LOAD). */
 	_Atomic uint32_t load_hint;
@@ -251,6 +259,7 @@ static void
 sess_free(struct sess *s)
 {
 	sum_view_unref(s->sumv);
+	sum_view_unref(s->known_sv);
 	sys_clear(s);
 	free(s->sys);
 	pthread_mutex_destroy(&s->idx_lock);
@@ -597,42 +606,27 @@ fit_bytes(histd_view *v, size_t max, size_t **plen)
 }
 
 /*
- * The view of the stored summary rec, read at `revision` of the session
- * record sr: the session's cached one when it is known for that revision
- * or is the same bytes, else made now (built in v's arena, then packed)
- * and cached in its place. *out holds a reference (sum_view_unref).
+ * The view of the stored summary rec: the session's cached one when rec
+ * is the same bytes, else made now (built in v's arena, then packed) and
+ * cached in its place. *out holds a reference (sum_view_unref).
  */
 static int
 summary_view(struct sess *s, histd_view *v, const histd_record *rec,
-	     uint64_t revision, const histd_session *sr,
 	     struct sum_view **out)
 {
 	struct sum_view *sv, *old;
 	Histd__V1__Message *m;
-	int known, same;
 
 	pthread_rwlock_rdlock(&s->sum_lock);
 	sv = s->sumv;
-	known = sv && s->sum_revision == revision &&
-		s->sum_created_us == sr->created_at_us;
-	same = known || (sv && sv->rec_len == rec->len &&
-			 !memcmp(sv->rec, rec->data, rec->len));
-	if (same)
+	if (sv && sv->rec_len == rec->len &&
+	    !memcmp(sv->rec, rec->data, rec->len)) {
 		atomic_fetch_add(&sv->refs, 1);
-	pthread_rwlock_unlock(&s->sum_lock);
-	if (same) {
-		/* Known for this revision from now on, if the lock is free
-		 * (a busy one only costs the next read a comparison). */
-		if (!known && !pthread_rwlock_trywrlock(&s->sum_lock)) {
-			if (s->sumv == sv) {
-				s->sum_revision = revision;
-				s->sum_created_us = sr->created_at_us;
-			}
-			pthread_rwlock_unlock(&s->sum_lock);
-		}
+		pthread_rwlock_unlock(&s->sum_lock);
 		*out = sv;
 		return 0;
 	}
+	pthread_rwlock_unlock(&s->sum_lock);
 
 	if (!(sv = calloc(1, sizeof(*sv))))
 		return enomem();
@@ -673,8 +667,6 @@ summary_view(struct sess *s, histd_view *v, const histd_record *rec,
 	pthread_rwlock_wrlock(&s->sum_lock);
 	old = s->sumv;
 	s->sumv = sv;
-	s->sum_revision = revision;
-	s->sum_created_us = sr->created_at_us;
 	pthread_rwlock_unlock(&s->sum_lock);
 	sum_view_unref(old);
 	*out = sv;
@@ -752,6 +744,54 @@ view_fill(struct sess *s, histd_driver *d, const char *tenant,
 	return 0;
 }
 
+/* Keeps what a full read of s at `revision` (session record sr) found,
+ * for the next reads at that revision: p only if it is one of x's. */
+static void
+known_note(struct sess *s, uint64_t revision, const histd_session *sr,
+	   histd_pipeline *p, struct sum_view *sv)
+{
+	histd_session core = *sr;
+	struct sum_view *old;
+
+	core.tenant = core.id = NULL;
+	core.context_keys = core.labels = NULL;
+	core.n_context_keys = core.n_labels = 0;
+	core.config = NULL;
+	core.config_len = 0;
+	if (sv)
+		atomic_fetch_add(&sv->refs, 1);
+	pthread_rwlock_wrlock(&s->sum_lock);
+	old = s->known_sv;
+	s->known_sv = sv;
+	s->known_core = core;
+	s->known_pipe = p;
+	atomic_store(&s->known_revision, revision);
+	atomic_store(&s->known_created_us, sr->created_at_us);
+	pthread_rwlock_unlock(&s->sum_lock);
+	sum_view_unref(old);
+}
+
+/* The snapshot of s if it is still the one at (revision, created_us):
+ * *core, *p and *sv (a reference) set, 1; else 0. */
+static int
+known_take(struct sess *s, uint64_t revision, int64_t created_us,
+	   histd_session *core, histd_pipeline **p, struct sum_view **sv)
+{
+	int ok;
+
+	pthread_rwlock_rdlock(&s->sum_lock);
+	ok = atomic_load(&s->known_revision) == revision &&
+	     atomic_load(&s->known_created_us) == created_us;
+	if (ok) {
+		*core = s->known_core;
+		*p = s->known_pipe;
+		if ((*sv = s->known_sv))
+			atomic_fetch_add(&(*sv)->refs, 1);
+	}
+	pthread_rwlock_unlock(&s->sum_lock);
+	return ok;
+}
+
 /* One attempt at the view with the newest `load` messages. *sp: the
  * session's entry if known (its tenant noted), else NULL; set here once the
  * read succeeded. */
@@ -764,6 +804,8 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 			 .last_n = load, .want_session = 1,
 			 .want_summary = 1 };
 	histd_read_result res = { 0 };
+	histd_session core;
+	const histd_session *sr;
 	const Histd__V1__Summary *sum = NULL;
 	struct sum_view *sv = NULL;
 	histd_pipeline *p = NULL, *extra = NULL;
@@ -772,9 +814,25 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	size_t n_older, *plen;
 	int rc, owned = 0;
 
+	/* What the last full read of this revision found is not read
+	 * again (known_revision). */
+	if (s) {
+		q.known_revision = atomic_load(&s->known_revision);
+		q.known_created_us = atomic_load(&s->known_created_us);
+	}
 	if ((rc = histd_driver_read(d, &q, &res)))
 		return rc;
-	if ((rc = session_pipeline(x, res.session, &p, &owned)))
+	if (res.known && !known_take(s, q.known_revision, q.known_created_us,
+				     &core, &p, &sv)) {
+		/* Another read replaced the snapshot meanwhile. */
+		histd_read_result_clear(&res);
+		q.known_revision = 0;
+		if ((rc = histd_driver_read(d, &q, &res)))
+			return rc;
+	}
+	sr = res.known ? &core : res.session;
+	if (!res.known &&
+	    (rc = session_pipeline(x, res.session, &p, &owned)))
 		goto out;
 	if (!(v = histd_view_new())) {
 		rc = enomem();
@@ -805,19 +863,21 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 			atomic_store_explicit(&s->load_hint, hint,
 					      memory_order_relaxed);
 	}
-	if (res.summary) {
-		if ((rc = summary_view(s, v, res.summary, res.revision,
-				       res.session, &sv)))
+	if (!res.known) {
+		if (res.summary &&
+		    (rc = summary_view(s, v, res.summary, &sv)))
 			goto out;
-		sum = sv->sum;
+		if (!owned)
+			known_note(s, res.revision, res.session, p, sv);
 	}
+	sum = sv ? sv->sum : NULL;
 	/* A summary from before a clear or replace covers nothing left. */
 	if (sum && sum->covers_to_seq <= res.cleared_to_seq) {
 		sum_view_unref(sv);
 		sv = NULL;
 		sum = NULL;
 	}
-	if ((rc = view_fill(s, d, tenant, res.session, &res, sum ? sv : NULL,
+	if ((rc = view_fill(s, d, tenant, sr, &res, sum ? sv : NULL,
 			     load, v, &n_older)))
 		goto out;
 
@@ -1546,8 +1606,7 @@ window_cut(struct sess *s, const histd_session *sr, const histd_pipeline *p,
 		goto out;
 	}
 	if (res.summary) {
-		if ((rc = summary_view(s, v, res.summary, res.revision, sr,
-				       &sv)))
+		if ((rc = summary_view(s, v, res.summary, &sv)))
 			goto out;
 		/* One from before a clear or replace covers nothing left. */
 		if (sv->sum->covers_to_seq > res.cleared_to_seq)

@@ -897,9 +897,12 @@ fd_read(histd_driver *dd, const histd_read *q, histd_read_result *res)
 				      r->data, r->len))
 			goto oom;
 	}
-	if (q->want_session && !(res->session = hf_session_export(s)))
+	if (q->known_revision && q->known_revision == s->revision &&
+	    q->known_created_us == s->created_at_us)
+		res->known = 1;
+	else if (q->want_session && !(res->session = hf_session_export(s)))
 		goto oom;
-	if (q->want_summary && s->n_sums) {
+	if (q->want_summary && s->n_sums && !res->known) {
 		const histd_record *b = &s->sums[s->best_sum];
 
 		if (!(res->summary = histd_record_new(b->seq, b->token_estimate,

@@ -1687,11 +1687,15 @@ mem_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 					    r->data, r->len)))
 			goto out;
 	}
-	if (q->want_session && !(res->session = session_export(s, q->tenant))) {
+	if (q->known_revision && q->known_revision == s->revision &&
+	    q->known_created_us == s->created_at_us) {
+		res->known = 1;
+	} else if (q->want_session &&
+		   !(res->session = session_export(s, q->tenant))) {
 		rc = enomem();
 		goto out;
 	}
-	if (q->want_summary && s->n_sums) {
+	if (q->want_summary && s->n_sums && !res->known) {
 		const histd_record *r = &s->sums[s->best_sum];
 
 		if (!(res->summary = histd_record_new(r->seq, r->token_estimate,

@@ -3002,6 +3002,90 @@ static void read_with_want_summary_returns_the_newest_summary(void **state)
 	tmsgs_free(m, 4);
 }
 
+/* known_revision: at the caller's revision a driver may leave out the
+ * session and summary (known set); at any other revision, or for the
+ * session made again under the same id, it must fill them. */
+static void read_at_a_known_revision_may_leave_out_what_the_caller_holds(
+	void **state)
+{
+	ctest *t = *state;
+	histd_session *out = NULL;
+	histd_record *sum;
+	histd_read_result rr;
+	histd_read q;
+	uint64_t rev, cur = 0;
+	int64_t created;
+	tmsg m[2];
+
+	create_ok(t, TA, "s1");
+	tmsg_texts(m, 2, "known");
+	append_ok(t, TA, "s1", m, 2, 1);
+	sum = summary_new(1, 1, "the first");
+	summary_put_ok(t, TA, "s1", sum);
+	memset(&q, 0, sizeof(q));
+	q.tenant = TA;
+	q.session_id = "s1";
+	q.last_n = 5;
+	q.want_session = 1;
+	q.want_summary = 1;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	expect_eq(rr.known, 0, "known without known_revision");
+	assert_non_null(rr.session);
+	rev = rr.revision;
+	created = rr.session->created_at_us;
+	histd_read_result_clear(&rr);
+
+	q.known_revision = rev;
+	q.known_created_us = created;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	if (rr.known) {
+		assert_null(rr.session);
+		assert_null(rr.summary);
+	} else {
+		assert_non_null(rr.session);
+		expect_same_record(rr.summary, sum, "summary");
+	}
+	expect_eq(rr.revision, rev, "revision");
+	expect_records(&rr.records, 1, m, 2);
+	histd_read_result_clear(&rr);
+
+	/* Another revision, or another session of the same id: filled. */
+	q.known_revision = rev - 1;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	expect_eq(rr.known, 0, "known at an older revision");
+	assert_non_null(rr.session);
+	expect_same_record(rr.summary, sum, "summary");
+	histd_read_result_clear(&rr);
+	q.known_revision = rev;
+	q.known_created_us = created + 1;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	expect_eq(rr.known, 0, "known for another created_at");
+	assert_non_null(rr.session);
+	histd_read_result_clear(&rr);
+
+	expect_ok(histd_driver_session_delete(t->d, TA, "s1", 0, &cur));
+	create_ok(t, TA, "s1");
+	append_ok(t, TA, "s1", m, 2, 1);
+	summary_put_ok(t, TA, "s1", sum);
+	expect_ok(histd_driver_session_get(t->d, TA, "s1", &out));
+	q.known_created_us = created;
+	q.known_revision = out->revision;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	if (out->created_at_us != created)
+		expect_eq(rr.known, 0, "known for the session made again");
+	if (!rr.known)
+		assert_non_null(rr.session);
+	histd_read_result_clear(&rr);
+	histd_session_free(out);
+	histd_record_free(sum);
+	tmsgs_free(m, 2);
+}
+
 static void read_of_an_empty_session_returns_nothing(void **state)
 {
 	ctest *t = *state;
@@ -4569,6 +4653,7 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 		T(read_reports_revision_last_seq_and_cleared_to_seq),
 		T(read_with_want_session_returns_the_session),
 		T(read_with_want_summary_returns_the_newest_summary),
+		T(read_at_a_known_revision_may_leave_out_what_the_caller_holds),
 		T(read_of_an_empty_session_returns_nothing),
 		T(read_of_unknown_session_is_not_found),
 
