@@ -731,7 +731,8 @@ rd_varint(const uint8_t *p, size_t avail, uint64_t *v)
 }
 
 /* Reads a varint at *q (before end) and moves *q past it; 0 if
- * malformed. The scan's fast path: most keys and lengths are one byte. */
+ * malformed. The scan's fast paths: keys and lengths of one or two
+ * bytes. */
 static inline int
 get_varint(const uint8_t **q, const uint8_t *end, uint64_t *v)
 {
@@ -739,6 +740,11 @@ get_varint(const uint8_t **q, const uint8_t *end, uint64_t *v)
 
 	if (*q < end && **q < 0x80) {
 		*v = *(*q)++;
+		return 1;
+	}
+	if (end - *q >= 2 && (*q)[1] < 0x80) {      /* lengths, seqs */
+		*v = (uint64_t)((*q)[0] & 0x7f) | (uint64_t)(*q)[1] << 7;
+		*q += 2;
 		return 1;
 	}
 	if (!(n = rd_varint(*q, (size_t)(end - *q), v)))
