@@ -347,8 +347,9 @@ typedef struct histd_view_tool {
  * The tool_call and tool_result blocks of item i, in content order, as
  * an array in the view's arena (*refs NULL when *n is 0). An item whose
  * message is unpacked (item->msg set) is read from it, so changes made
- * in place show; otherwise they are read from the stored bytes without
- * unpacking (once per view: the bytes never change). 0, ENOMEM, or
+ * in place show; otherwise they are read from the item's bytes without
+ * unpacking, once per item (histd_view_mask_result keeps its blocks and
+ * ids). 0, ENOMEM, or
  * ECORRUPT if the bytes do not decode. Lets the built-in plugins and the
  * fix-up find tool ids without unpacking whole messages.
  */
