@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "transcript_check.h"
 
 static histd_proc *server;
 static histd_client *client;
@@ -333,46 +334,6 @@ retention_deletes_what_the_window_drops_and_keeps_the_system_message(void **stat
 	ta_free(a);
 }
 
-/* Every tool_result of g answers a tool_call before it, and every
- * tool_call has its result after it. */
-static void
-assert_pairs_whole(const Histd__V1__GetMessagesResponse *g)
-{
-	for (size_t k = 0; k < g->n_messages; k++) {
-		const Histd__V1__ContentBlock *b = g->messages[k]->content[0];
-		int found = 0;
-
-		if (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT) {
-			for (size_t q = 0; q < k && !found; q++) {
-				const Histd__V1__ContentBlock *c =
-					g->messages[q]->content[0];
-
-				found = c->block_case ==
-					HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL &&
-					!strcmp(c->tool_call->id,
-						b->tool_result->tool_call_id);
-			}
-			if (!found)
-				fail_msg("seq %llu: a tool result without its call",
-					 (unsigned long long)g->messages[k]->seq);
-		}
-		if (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL) {
-			for (size_t q = k + 1; q < g->n_messages && !found; q++) {
-				const Histd__V1__ContentBlock *c =
-					g->messages[q]->content[0];
-
-				found = c->block_case ==
-					HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT &&
-					!strcmp(c->tool_result->tool_call_id,
-						b->tool_call->id);
-			}
-			if (!found)
-				fail_msg("seq %llu: a tool call without its result",
-					 (unsigned long long)g->messages[k]->seq);
-		}
-	}
-}
-
 static void
 retention_never_splits_a_tool_call_from_its_result(void **state)
 {
@@ -400,7 +361,7 @@ retention_never_splits_a_tool_call_from_its_result(void **state)
 		append_both(a, "tools", "tools_keep", turn, 2);
 		append_both(a, "tools", "tools_keep", &turn[2], 2);
 		raw = t_get_raw(client, "tools", 0, 1000);
-		assert_pairs_whole(raw);
+		tc_assert_pairs_whole(raw);
 		histd_client_message_free((ProtobufCMessage *)raw);
 	}
 	/* The window's 5 are the last answer and the last turn. */
@@ -408,7 +369,7 @@ retention_never_splits_a_tool_call_from_its_result(void **state)
 	assert_int_equal(raw->n_messages, 6);
 	assert_string_equal(tm_first_text(raw->messages[0]), "Use the tools.");
 	assert_int_equal(raw->messages[5]->seq, 33);
-	assert_pairs_whole(raw);
+	tc_assert_pairs_whole(raw);
 	histd_client_message_free((ProtobufCMessage *)raw);
 	ctx = get_context("tools");
 	twin = get_context("tools_keep");

@@ -22,6 +22,8 @@
 #include "histd_wire.h"
 #include "plugin.h"
 #include "service.h"
+#include "svc_calls.h"
+#include "transcript_check.h"
 
 static histd_driver *drv;
 static histd_service *svc;
@@ -144,6 +146,7 @@ start(const char *default_pipeline, int64_t ttl_us)
 	sc.context = ctx;
 	if (histd_service_new(&svc, drv, &sc))
 		return -1;
+	ut_use(svc, &alice);
 	pthread_mutex_lock(&fake_lock);
 	slow_ms = 0;
 	fail_left = 0;
@@ -174,72 +177,6 @@ teardown(void **state)
 
 /* ---------------------------------------------------------------------- */
 /* Calls                                                                   */
-
-/* Runs a method; returns the code; *resp (if given) the unpacked answer. */
-static int
-call(enum histd_method m, const ProtobufCMessage *req,
-     const ProtobufCMessageDescriptor *rd, void **resp)
-{
-	size_t n = protobuf_c_message_get_packed_size(req);
-	uint8_t *buf = malloc(n ? n : 1);
-	histd_reply reply = { 0 };
-	int rc;
-
-	protobuf_c_message_pack(req, buf);
-	rc = histd_service_unary(svc, m, &alice, buf, n, &reply);
-	free(buf);
-	if (resp)
-		*resp = NULL;
-	if (!rc && resp) {
-		*resp = protobuf_c_message_unpack(rd, NULL, reply.len,
-						  reply.data);
-		assert_non_null(*resp);
-	}
-	free(reply.data);
-	return rc;
-}
-
-/* Creates session `id` with the pipeline given as a spec-like list of
- * (name, key, value) triples, NULL-terminated; pipeline "-" for none
- * set (the default applies); "" for an empty pipeline. */
-static int
-create(const char *id, const char *const *plugins)
-{
-	Histd__V1__CreateSessionRequest r = HISTD__V1__CREATE_SESSION_REQUEST__INIT;
-	Histd__V1__SessionConfig c = HISTD__V1__SESSION_CONFIG__INIT;
-	Histd__V1__Pipeline pl = HISTD__V1__PIPELINE__INIT;
-	Histd__V1__PluginConfig pc[8], *pcs[8];
-	Histd__V1__PluginConfig__OptionsEntry e[16], *ep[8][4];
-	size_t n = 0, ne = 0;
-	int rc;
-
-	r.session_id = (char *)id;
-	if (plugins) {
-		for (size_t i = 0; plugins[i]; i += 3) {
-			if (i == 0 || strcmp(plugins[i], plugins[i - 3])) {
-				histd__v1__plugin_config__init(&pc[n]);
-				pc[n].name = (char *)plugins[i];
-				pc[n].options = ep[n];
-				pcs[n] = &pc[n];
-				n++;
-			}
-			if (plugins[i + 1]) {
-				Histd__V1__PluginConfig *p = &pc[n - 1];
-
-				histd__v1__plugin_config__options_entry__init(&e[ne]);
-				e[ne].key = (char *)plugins[i + 1];
-				e[ne].value = (char *)plugins[i + 2];
-				p->options[p->n_options++] = &e[ne++];
-			}
-		}
-		pl.plugins = pcs;
-		pl.n_plugins = n;
-		c.pipeline = &pl;
-		r.config = &c;
-	}
-	rc = call(HISTD_M_CREATE_SESSION, &r.base, NULL, NULL);
-	return rc;
-}
 
 /* Appends one message (role, text, or a tool call/result). */
 static void
@@ -281,7 +218,7 @@ append_msg(const char *id, Histd__V1__Role role, const char *text,
 	r.session_id = (char *)id;
 	r.messages = &mp;
 	r.n_messages = 1;
-	rc = call(HISTD_M_APPEND, &r.base, NULL, NULL);
+	rc = ut_call(HISTD_M_APPEND, &r.base, NULL, NULL);
 	if (rc)
 		fail_msg("append: %s", histd_error_message());
 }
@@ -321,7 +258,7 @@ get(const char *id, Histd__V1__View view, uint32_t limit)
 	r.session_id = (char *)id;
 	r.view = view;
 	r.limit = limit;
-	rc = call(HISTD_M_GET_MESSAGES, &r.base,
+	rc = ut_call(HISTD_M_GET_MESSAGES, &r.base,
 		  &histd__v1__get_messages_response__descriptor, &resp);
 	if (rc)
 		fail_msg("get: %s", histd_error_message());
@@ -334,17 +271,8 @@ reduce(const char *id, Histd__V1__ReduceResponse **out)
 	Histd__V1__ReduceRequest r = HISTD__V1__REDUCE_REQUEST__INIT;
 
 	r.session_id = (char *)id;
-	return call(HISTD_M_REDUCE, &r.base,
+	return ut_call(HISTD_M_REDUCE, &r.base,
 		    &histd__v1__reduce_response__descriptor, (void **)out);
-}
-
-static const char *
-text_of(const Histd__V1__Message *m)
-{
-	if (m->n_content && m->content[0]->block_case ==
-	    HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT)
-		return m->content[0]->text->text;
-	return "";
 }
 
 /* The view's shape: system messages only first, the summary (if any)
@@ -361,7 +289,7 @@ assert_provider_valid(const Histd__V1__GetMessagesResponse *g)
 		assert_true(i < g->n_messages);
 		assert_int_equal(g->messages[i]->role,
 				 HISTD__V1__ROLE__ROLE_USER);
-		assert_memory_equal(text_of(g->messages[i]),
+		assert_memory_equal(tc_text_of(g->messages[i]),
 				    HISTD_SUMMARY_PREFIX,
 				    strlen(HISTD_SUMMARY_PREFIX));
 		i++;
@@ -411,13 +339,6 @@ assert_provider_valid(const Histd__V1__GetMessagesResponse *g)
 	}
 }
 
-static void
-free_msg(void *m)
-{
-	if (m)
-		protobuf_c_message_free_unpacked(m, NULL);
-}
-
 /* ---------------------------------------------------------------------- */
 /* Tests                                                                   */
 
@@ -433,7 +354,7 @@ context_is_system_then_summary_as_user_then_the_tail(void **state)
 	uint64_t to;
 
 	(void)state;
-	assert_int_equal(create("s1", pl), 0);
+	assert_int_equal(ut_create("s1", pl), 0);
 	append_msg("s1", HISTD__V1__ROLE__ROLE_SYSTEM, "You are terse.", NULL,
 		   NULL);
 	for (int i = 0; i < 5; i++)
@@ -447,16 +368,17 @@ context_is_system_then_summary_as_user_then_the_tail(void **state)
 	to = rr->summary->covers_to_seq;
 	assert_true(to > 1);
 	assert_string_equal(rr->summary->model, "extractive");
-	free_msg(rr);
+	ut_free_msg(rr);
 
 	g = get("s1", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
 	assert_provider_valid(g);
 	assert_non_null(g->summary);
 	assert_int_equal(g->summary->covers_to_seq, to);
 	/* Both system messages, in order, then the summary. */
-	assert_string_equal(text_of(g->messages[0]), "You are terse.");
-	assert_string_equal(text_of(g->messages[1]), "Be brief now.");
-	assert_non_null(strstr(text_of(g->messages[2]), "Question number 0."));
+	assert_string_equal(tc_text_of(g->messages[0]), "You are terse.");
+	assert_string_equal(tc_text_of(g->messages[1]), "Be brief now.");
+	assert_non_null(strstr(tc_text_of(g->messages[2]),
+			       "Question number 0."));
 	/* Every message after the covered range follows, seq order. */
 	for (size_t i = 3; i < g->n_messages; i++)
 		assert_true(g->messages[i]->seq > to);
@@ -464,8 +386,8 @@ context_is_system_then_summary_as_user_then_the_tail(void **state)
 	/* RAW still has every message. */
 	raw = get("s1", HISTD__V1__VIEW__VIEW_RAW, 1000);
 	assert_int_equal(raw->n_messages, 26);
-	free_msg(raw);
-	free_msg(g);
+	ut_free_msg(raw);
+	ut_free_msg(g);
 }
 
 /* Three turns of `tag` questions, answers and results: 12 messages. */
@@ -497,32 +419,33 @@ a_session_made_again_shows_its_own_summary(void **state)
 	uint64_t first_revision;
 
 	(void)state;
-	assert_int_equal(create("again", pl), 0);
+	assert_int_equal(ut_create("again", pl), 0);
 	tagged_turns("again", "First");
 	assert_int_equal(reduce("again", &rr), 0);
-	free_msg(rr);
+	ut_free_msg(rr);
 	for (int k = 0; k < 2; k++) {      /* the second read is cached */
 		g = get("again", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
 		assert_non_null(g->summary);
-		assert_non_null(strstr(text_of(g->messages[0]),
+		assert_non_null(strstr(tc_text_of(g->messages[0]),
 				       "First question 0."));
 		first_revision = g->revision;
-		free_msg(g);
+		ut_free_msg(g);
 	}
 
 	del.session_id = "again";
-	assert_int_equal(call(HISTD_M_DELETE_SESSION, &del.base, NULL, NULL),
+	assert_int_equal(ut_call(HISTD_M_DELETE_SESSION, &del.base, NULL, NULL),
 			 0);
-	assert_int_equal(create("again", pl), 0);
+	assert_int_equal(ut_create("again", pl), 0);
 	tagged_turns("again", "Second");
 	assert_int_equal(reduce("again", &rr), 0);
-	free_msg(rr);
+	ut_free_msg(rr);
 	g = get("again", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
 	assert_int_equal(g->revision, first_revision);
 	assert_non_null(g->summary);
-	assert_non_null(strstr(text_of(g->messages[0]), "Second question 0."));
-	assert_null(strstr(text_of(g->messages[0]), "First question"));
-	free_msg(g);
+	assert_non_null(strstr(tc_text_of(g->messages[0]),
+			       "Second question 0."));
+	assert_null(strstr(tc_text_of(g->messages[0]), "First question"));
+	ut_free_msg(g);
 }
 
 static void
@@ -537,7 +460,7 @@ masked_results_are_markers_and_get_tool_result_has_the_original(void **state)
 	int masked = 0;
 
 	(void)state;
-	assert_int_equal(create("s2", pl), 0);
+	assert_int_equal(ut_create("s2", pl), 0);
 	for (int i = 0; i < 3; i++)
 		turn("s2", i);
 	g = get("s2", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
@@ -552,15 +475,15 @@ masked_results_are_markers_and_get_tool_result_has_the_original(void **state)
 			masked++;
 	}
 	assert_int_equal(masked, 2);
-	free_msg(g);
+	ut_free_msg(g);
 	r.session_id = "s2";
 	r.tool_call_id = "call-0";
-	assert_int_equal(call(HISTD_M_GET_TOOL_RESULT, &r.base,
+	assert_int_equal(ut_call(HISTD_M_GET_TOOL_RESULT, &r.base,
 		&histd__v1__get_tool_result_response__descriptor,
 		(void **)&tr), 0);
 	assert_string_equal(tr->result->content[0]->text->text,
 		"file contents that are long enough to be worth masking");
-	free_msg(tr);
+	ut_free_msg(tr);
 }
 
 static void
@@ -572,19 +495,19 @@ the_default_pipeline_applies_when_the_config_has_none(void **state)
 	(void)state;
 	teardown(NULL);
 	assert_int_equal(start("window:max_messages=4", 0), 0);
-	assert_int_equal(create("d", NULL), 0);
-	assert_int_equal(create("e", empty), 0);
+	assert_int_equal(ut_create("d", NULL), 0);
+	assert_int_equal(ut_create("e", empty), 0);
 	for (int i = 0; i < 3; i++) {
 		turn("d", i);
 		turn("e", i);
 	}
 	g = get("d", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
 	assert_int_equal(g->n_messages, 4);
-	free_msg(g);
+	ut_free_msg(g);
 	/* Set and empty: no pipeline. */
 	g = get("e", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
 	assert_int_equal(g->n_messages, 12);
-	free_msg(g);
+	ut_free_msg(g);
 }
 
 static void
@@ -602,11 +525,11 @@ a_bad_pipeline_is_invalid_argument_at_create_and_update(void **state)
 	char *path = "config";
 
 	(void)state;
-	assert_int_equal(create("b1", bad), HISTD_EINVALID);
-	assert_int_equal(create("b2", unknown), HISTD_EINVALID);
+	assert_int_equal(ut_create("b1", bad), HISTD_EINVALID);
+	assert_int_equal(ut_create("b2", unknown), HISTD_EINVALID);
 	assert_string_equal(histd_error_message(),
 		"config.pipeline.plugins[0].name: unknown plugin");
-	assert_int_equal(create("b3", NULL), 0);
+	assert_int_equal(ut_create("b3", NULL), 0);
 	pc.name = "window";
 	pl.plugins = &pcs;
 	pl.n_plugins = 1;
@@ -616,7 +539,7 @@ a_bad_pipeline_is_invalid_argument_at_create_and_update(void **state)
 	mask.paths = &path;
 	mask.n_paths = 1;
 	u.update_mask = &mask;
-	assert_int_equal(call(HISTD_M_UPDATE_SESSION, &u.base, NULL, NULL),
+	assert_int_equal(ut_call(HISTD_M_UPDATE_SESSION, &u.base, NULL, NULL),
 			 HISTD_EINVALID);
 	assert_string_equal(histd_error_message(),
 		"config.pipeline.plugins[0].options: max_messages or "
@@ -634,15 +557,15 @@ a_failed_reduce_leaves_history_unchanged_and_is_reported(void **state)
 	Histd__V1__ReduceResponse *rr;
 
 	(void)state;
-	assert_int_equal(create("f1", pl), 0);
+	assert_int_equal(ut_create("f1", pl), 0);
 	for (int i = 0; i < 3; i++)
 		turn("f1", i);
 	gs.session_id = "f1";
-	assert_int_equal(call(HISTD_M_GET_SESSION, &gs.base,
+	assert_int_equal(ut_call(HISTD_M_GET_SESSION, &gs.base,
 		&histd__v1__session__descriptor, (void **)&before), 0);
 	fail_left = 100;
 	assert_int_equal(reduce("f1", &rr), HISTD_EUNAVAILABLE);
-	assert_int_equal(call(HISTD_M_GET_SESSION, &gs.base,
+	assert_int_equal(ut_call(HISTD_M_GET_SESSION, &gs.base,
 		&histd__v1__session__descriptor, (void **)&after), 0);
 	assert_int_equal(after->revision, before->revision);
 	assert_int_equal(after->stats->summary_count, 0);
@@ -652,13 +575,13 @@ a_failed_reduce_leaves_history_unchanged_and_is_reported(void **state)
 			       "(UNAVAILABLE)"));
 	/* No conversation text in the report. */
 	assert_null(strstr(sink_msg, "Question"));
-	free_msg(before);
-	free_msg(after);
+	ut_free_msg(before);
+	ut_free_msg(after);
 	/* It works once the provider is back. */
 	fail_left = 0;
 	assert_int_equal(reduce("f1", &rr), 0);
 	assert_non_null(rr->summary);
-	free_msg(rr);
+	ut_free_msg(rr);
 }
 
 static void
@@ -671,7 +594,7 @@ auto_reduce_compacts_off_the_request_path_and_retries_with_backoff(void **state)
 	Histd__V1__GetMessagesResponse *g;
 
 	(void)state;
-	assert_int_equal(create("a1", pl), 0);
+	assert_int_equal(ut_create("a1", pl), 0);
 	fail_left = 2;
 	for (int i = 0; i < 2; i++)
 		turn("a1", i);
@@ -690,7 +613,7 @@ auto_reduce_compacts_off_the_request_path_and_retries_with_backoff(void **state)
 	assert_provider_valid(g);
 	/* keep_recent 2 and a safe start: the last turn's answer pair. */
 	assert_true(g->summary->covers_to_seq >= 8);
-	free_msg(g);
+	ut_free_msg(g);
 }
 
 struct racer {
@@ -708,7 +631,7 @@ reduce_thread(void *arg)
 	r->rc = reduce(r->id, &rr);
 	if (!r->rc && rr && rr->summary)
 		r->covers_to = rr->summary->covers_to_seq;
-	free_msg(rr);
+	ut_free_msg(rr);
 	return NULL;
 }
 
@@ -724,7 +647,7 @@ appends_racing_a_compaction_lose_nothing(void **state)
 	uint64_t expect;
 
 	(void)state;
-	assert_int_equal(create("r1", pl), 0);
+	assert_int_equal(ut_create("r1", pl), 0);
 	append_msg("r1", HISTD__V1__ROLE__ROLE_SYSTEM, "sys", NULL, NULL);
 	for (int i = 0; i < 10; i++)
 		turn("r1", i);
@@ -750,8 +673,8 @@ appends_racing_a_compaction_lose_nothing(void **state)
 	expect = 81 - g->summary->covers_to_seq;
 	assert_int_equal(g->n_messages, 2 + expect);
 	assert_int_equal(g->messages[g->n_messages - 1]->seq, 81);
-	free_msg(raw);
-	free_msg(g);
+	ut_free_msg(raw);
+	ut_free_msg(g);
 }
 
 static void
@@ -763,17 +686,17 @@ ttl_deletes_idle_sessions_only(void **state)
 	(void)state;
 	teardown(NULL);
 	assert_int_equal(start("", 200000), 0);
-	assert_int_equal(create("old", NULL), 0);
-	assert_int_equal(create("new", NULL), 0);
+	assert_int_equal(ut_create("old", NULL), 0);
+	assert_int_equal(ut_create("new", NULL), 0);
 	turn("old", 0);
 	nanosleep(&ts, NULL);
 	turn("new", 0);
 	assert_int_equal(histd_context_sweep(ctx), 1);
 	gs.session_id = "old";
-	assert_int_equal(call(HISTD_M_GET_SESSION, &gs.base, NULL, NULL),
+	assert_int_equal(ut_call(HISTD_M_GET_SESSION, &gs.base, NULL, NULL),
 			 HISTD_ENOTFOUND);
 	gs.session_id = "new";
-	assert_int_equal(call(HISTD_M_GET_SESSION, &gs.base, NULL, NULL), 0);
+	assert_int_equal(ut_call(HISTD_M_GET_SESSION, &gs.base, NULL, NULL), 0);
 }
 
 static void
@@ -785,7 +708,7 @@ context_of_a_long_session_reads_only_its_tail(void **state)
 	Histd__V1__GetMessagesResponse *g;
 
 	(void)state;
-	assert_int_equal(create("long", pl), 0);
+	assert_int_equal(ut_create("long", pl), 0);
 	append_msg("long", HISTD__V1__ROLE__ROLE_SYSTEM, "sys", NULL, NULL);
 	for (int i = 0; i < 500; i++)
 		turn("long", i);
@@ -793,13 +716,13 @@ context_of_a_long_session_reads_only_its_tail(void **state)
 		static const uint64_t last[] = { 2001, 2006, 2010 };
 
 		g = get("long", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
-		assert_string_equal(text_of(g->messages[0]), "sys");
+		assert_string_equal(tc_text_of(g->messages[0]), "sys");
 		if (k > 0)
-			assert_string_equal(text_of(g->messages[1]), "sys2");
+			assert_string_equal(tc_text_of(g->messages[1]), "sys2");
 		assert_true(g->n_messages <= 22);
 		assert_int_equal(g->messages[g->n_messages - 1]->seq, last[k]);
 		assert_provider_valid(g);
-		free_msg(g);
+		ut_free_msg(g);
 		/* A new system message late in the session joins the view. */
 		if (k == 0)
 			append_msg("long", HISTD__V1__ROLE__ROLE_SYSTEM, "sys2",
@@ -867,8 +790,8 @@ the_window_hint_loads_less_and_changes_nothing(void **state)
 		snprintf(ws, sizeof(ws), "%d", w);
 		snprintf(hint, sizeof(hint), "hint-%d", w);
 		snprintf(all, sizeof(all), "all-%d", w);
-		assert_int_equal(create(hint, pl), 0);
-		assert_int_equal(create(all, pl_all), 0);
+		assert_int_equal(ut_create(hint, pl), 0);
+		assert_int_equal(ut_create(all, pl_all), 0);
 		for (int i = 0; i < 12; i++) {
 			const char *ids[2] = { NULL, NULL };
 			char c0[32], c1[32];
@@ -916,8 +839,8 @@ the_window_hint_loads_less_and_changes_nothing(void **state)
 				if (msgs > w + 4)
 					assert_true(x->n_messages <=
 						    (size_t)w);
-				free_msg(x);
-				free_msg(y);
+				ut_free_msg(x);
+				ut_free_msg(y);
 			}
 		}
 	}

@@ -29,6 +29,8 @@
 #include "hub.h"
 #include "plugin.h"
 #include "service.h"
+#include "svc_calls.h"
+#include "transcript_check.h"
 
 /* ---------------------------------------------------------------------- */
 /* A shim around the memory driver: counts truncate calls, fails the next  */
@@ -253,6 +255,7 @@ start(unsigned int version, const char *default_pipeline)
 	sc.context = ctx;
 	if (histd_service_new(&svc, drv, &sc))
 		return -1;
+	ut_use(svc, &alice);
 	pthread_mutex_lock(&shim_lock);
 	truncates = fail_truncates = sink_calls = 0;
 	sink_msg[0] = '\0';
@@ -278,76 +281,6 @@ teardown(void **state)
 	ctx = NULL;
 	drv = NULL;
 	return 0;
-}
-
-static void
-free_msg(void *m)
-{
-	if (m)
-		protobuf_c_message_free_unpacked(m, NULL);
-}
-
-/* Runs a method; returns the code; *resp (if given) the unpacked answer. */
-static int
-call(enum histd_method m, const ProtobufCMessage *req,
-     const ProtobufCMessageDescriptor *rd, void **resp)
-{
-	size_t n = protobuf_c_message_get_packed_size(req);
-	uint8_t *buf = malloc(n ? n : 1);
-	histd_reply reply = { 0 };
-	int rc;
-
-	protobuf_c_message_pack(req, buf);
-	rc = histd_service_unary(svc, m, &alice, buf, n, &reply);
-	free(buf);
-	if (resp)
-		*resp = NULL;
-	if (!rc && resp) {
-		*resp = protobuf_c_message_unpack(rd, NULL, reply.len,
-						  reply.data);
-		assert_non_null(*resp);
-	}
-	free(reply.data);
-	return rc;
-}
-
-/* Creates session id with a pipeline given as (plugin, key, value)
- * triples, NULL-terminated; a plugin named again adds an option to it.
- * NULL: no config (the default pipeline applies). */
-static int
-create(const char *id, const char *const *plugins)
-{
-	Histd__V1__CreateSessionRequest r = HISTD__V1__CREATE_SESSION_REQUEST__INIT;
-	Histd__V1__SessionConfig c = HISTD__V1__SESSION_CONFIG__INIT;
-	Histd__V1__Pipeline pl = HISTD__V1__PIPELINE__INIT;
-	Histd__V1__PluginConfig pc[4], *pcs[4];
-	Histd__V1__PluginConfig__OptionsEntry e[12], *ep[4][4];
-	size_t n = 0, ne = 0;
-
-	r.session_id = (char *)id;
-	if (plugins) {
-		for (size_t i = 0; plugins[i]; i += 3) {
-			Histd__V1__PluginConfig *p;
-
-			if (i == 0 || strcmp(plugins[i], plugins[i - 3])) {
-				histd__v1__plugin_config__init(&pc[n]);
-				pc[n].name = (char *)plugins[i];
-				pc[n].options = ep[n];
-				pcs[n] = &pc[n];
-				n++;
-			}
-			p = &pc[n - 1];
-			histd__v1__plugin_config__options_entry__init(&e[ne]);
-			e[ne].key = (char *)plugins[i + 1];
-			e[ne].value = (char *)plugins[i + 2];
-			p->options[p->n_options++] = &e[ne++];
-		}
-		pl.plugins = pcs;
-		pl.n_plugins = n;
-		c.pipeline = &pl;
-		r.config = &c;
-	}
-	return call(HISTD_M_CREATE_SESSION, &r.base, NULL, NULL);
 }
 
 /* One message: text, a tool call (call_id) or a tool result (result). */
@@ -409,7 +342,7 @@ append_msgs(const char *id, struct msg *x, size_t n)
 	r.session_id = (char *)id;
 	r.messages = mp;
 	r.n_messages = n;
-	rc = call(HISTD_M_APPEND, &r.base, NULL, NULL);
+	rc = ut_call(HISTD_M_APPEND, &r.base, NULL, NULL);
 	if (rc)
 		fail_msg("append: %s", histd_error_message());
 }
@@ -470,7 +403,7 @@ get(const char *id, Histd__V1__View view)
 	r.session_id = (char *)id;
 	r.view = view;
 	r.limit = 1000;
-	rc = call(HISTD_M_GET_MESSAGES, &r.base,
+	rc = ut_call(HISTD_M_GET_MESSAGES, &r.base,
 		  &histd__v1__get_messages_response__descriptor, &resp);
 	if (rc)
 		fail_msg("get: %s", histd_error_message());
@@ -484,18 +417,9 @@ get_session(const char *id)
 	void *resp;
 
 	r.session_id = (char *)id;
-	assert_int_equal(call(HISTD_M_GET_SESSION, &r.base,
+	assert_int_equal(ut_call(HISTD_M_GET_SESSION, &r.base,
 			      &histd__v1__session__descriptor, &resp), 0);
 	return resp;
-}
-
-static const char *
-text_of(const Histd__V1__Message *m)
-{
-	if (m->n_content && m->content[0]->block_case ==
-	    HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT)
-		return m->content[0]->text->text;
-	return "";
 }
 
 /* The two sessions' CONTEXT views are the same messages, byte for byte
@@ -534,48 +458,8 @@ assert_same_context(const char *a, const char *b)
 	if (ga->summary)
 		assert_int_equal(ga->summary->covers_to_seq,
 				 gb->summary->covers_to_seq);
-	free_msg(ga);
-	free_msg(gb);
-}
-
-/* Every tool_result in the RAW view answers a tool_call stored before it,
- * and every stored tool_call has its result stored after it. */
-static void
-assert_no_split_pair(const Histd__V1__GetMessagesResponse *g)
-{
-	for (size_t k = 0; k < g->n_messages; k++) {
-		const Histd__V1__ContentBlock *b = g->messages[k]->content[0];
-		int found = 0;
-
-		if (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT) {
-			for (size_t q = 0; q < k && !found; q++) {
-				const Histd__V1__ContentBlock *c =
-					g->messages[q]->content[0];
-
-				found = c->block_case ==
-					HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL &&
-					!strcmp(c->tool_call->id,
-						b->tool_result->tool_call_id);
-			}
-			if (!found)
-				fail_msg("seq %llu: a tool result without its call",
-					 (unsigned long long)g->messages[k]->seq);
-		}
-		if (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL) {
-			for (size_t q = k + 1; q < g->n_messages && !found; q++) {
-				const Histd__V1__ContentBlock *c =
-					g->messages[q]->content[0];
-
-				found = c->block_case ==
-					HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT &&
-					!strcmp(c->tool_result->tool_call_id,
-						b->tool_call->id);
-			}
-			if (!found)
-				fail_msg("seq %llu: a tool call without its result",
-					 (unsigned long long)g->messages[k]->seq);
-		}
-	}
+	ut_free_msg(ga);
+	ut_free_msg(gb);
 }
 
 static void
@@ -600,8 +484,8 @@ retention_deletes_what_the_window_drops_and_keeps_system_messages(void **state)
 	int from = 0;
 
 	(void)state;
-	assert_int_equal(create("del", del), 0);
-	assert_int_equal(create("view", view), 0);
+	assert_int_equal(ut_create("del", del), 0);
+	assert_int_equal(ut_create("view", view), 0);
 	append_text("del", HISTD__V1__ROLE__ROLE_SYSTEM, "Be terse.");
 	append_text("view", HISTD__V1__ROLE__ROLE_SYSTEM, "Be terse.");
 	for (int k = 1; from < 30; k = k % 7 + 2) {
@@ -616,26 +500,26 @@ retention_deletes_what_the_window_drops_and_keeps_system_messages(void **state)
 	raw = get("del", HISTD__V1__VIEW__VIEW_RAW);
 	assert_int_equal(raw->n_messages, 6);
 	assert_int_equal(raw->messages[0]->seq, 1);
-	assert_string_equal(text_of(raw->messages[0]), "Be terse.");
+	assert_string_equal(tc_text_of(raw->messages[0]), "Be terse.");
 	for (size_t i = 1; i < 6; i++) {
 		char want[32];
 
 		/* Seqs as they were: text i at seq i + 2. */
 		assert_int_equal(raw->messages[i]->seq, 26 + i);
 		snprintf(want, sizeof(want), "text %zu", 24 + i);
-		assert_string_equal(text_of(raw->messages[i]), want);
+		assert_string_equal(tc_text_of(raw->messages[i]), want);
 	}
-	free_msg(raw);
+	ut_free_msg(raw);
 	s = get_session("del");
 	assert_int_equal(s->stats->message_count, 6);
 	assert_int_equal(s->stats->last_seq, 31);
-	free_msg(s);
+	ut_free_msg(s);
 	assert_same_context("del", "view");
 
 	/* Without retention nothing is deleted. */
 	raw = get("view", HISTD__V1__VIEW__VIEW_RAW);
 	assert_int_equal(raw->n_messages, 31);
-	free_msg(raw);
+	ut_free_msg(raw);
 	assert_int_equal(sink_calls, 0);
 }
 
@@ -650,8 +534,8 @@ retention_never_splits_a_tool_call_from_its_result(void **state)
 	Histd__V1__GetMessagesResponse *raw;
 
 	(void)state;
-	assert_int_equal(create("del", del), 0);
-	assert_int_equal(create("view", view), 0);
+	assert_int_equal(ut_create("del", del), 0);
+	assert_int_equal(ut_create("view", view), 0);
 	append_text("del", HISTD__V1__ROLE__ROLE_SYSTEM, "Use tools.");
 	append_text("view", HISTD__V1__ROLE__ROLE_SYSTEM, "Use tools.");
 	for (int i = 0; i < 6; i++) {
@@ -659,13 +543,13 @@ retention_never_splits_a_tool_call_from_its_result(void **state)
 		turn("view", i);
 		idle();
 		raw = get("del", HISTD__V1__VIEW__VIEW_RAW);
-		assert_no_split_pair(raw);
-		assert_string_equal(text_of(raw->messages[0]), "Use tools.");
+		tc_assert_pairs_whole(raw);
+		assert_string_equal(tc_text_of(raw->messages[0]), "Use tools.");
 		/* The window holds the last 5 (the previous answer and the
 		 * last turn: a safe start): the rest went. */
 		if (i > 0)
 			assert_int_equal(raw->n_messages, 1 + 5);
-		free_msg(raw);
+		ut_free_msg(raw);
 		assert_same_context("del", "view");
 	}
 }
@@ -683,34 +567,34 @@ retention_keeps_the_newest_summary_and_its_last_covered_message(void **state)
 	uint64_t to;
 
 	(void)state;
-	assert_int_equal(create("sum", del), 0);
+	assert_int_equal(ut_create("sum", del), 0);
 	append_text("sum", HISTD__V1__ROLE__ROLE_SYSTEM, "Sys.");
 	for (int i = 0; i < 5; i++)
 		turn("sum", i);
 	idle();
 	r.session_id = "sum";
-	assert_int_equal(call(HISTD_M_REDUCE, &r.base,
+	assert_int_equal(ut_call(HISTD_M_REDUCE, &r.base,
 			      &histd__v1__reduce_response__descriptor,
 			      (void **)&rr), 0);
 	assert_non_null(rr->summary);
 	to = rr->summary->covers_to_seq;
-	free_msg(rr);
+	ut_free_msg(rr);
 	turn("sum", 5);
 	idle();
 
 	g = get("sum", HISTD__V1__VIEW__VIEW_CONTEXT);
 	assert_non_null(g->summary);
 	assert_int_equal(g->summary->covers_to_seq, to);
-	assert_string_equal(text_of(g->messages[0]), "Sys.");
-	free_msg(g);
+	assert_string_equal(tc_text_of(g->messages[0]), "Sys.");
+	ut_free_msg(g);
 	/* Everything before the summary's last covered message went; it
 	 * and everything after it stay. */
 	raw = get("sum", HISTD__V1__VIEW__VIEW_RAW);
-	assert_string_equal(text_of(raw->messages[0]), "Sys.");
+	assert_string_equal(tc_text_of(raw->messages[0]), "Sys.");
 	assert_int_equal(raw->messages[1]->seq, to);
 	assert_int_equal(raw->messages[raw->n_messages - 1]->seq, 25);
 	assert_int_equal(raw->n_messages, 1 + (25 - to + 1));
-	free_msg(raw);
+	ut_free_msg(raw);
 }
 
 static void
@@ -726,8 +610,8 @@ retention_with_a_token_budget_after_masking_keeps_what_the_view_shows(void **sta
 	Histd__V1__GetMessagesResponse *raw;
 
 	(void)state;
-	assert_int_equal(create("tok", del), 0);
-	assert_int_equal(create("tokv", view), 0);
+	assert_int_equal(ut_create("tok", del), 0);
+	assert_int_equal(ut_create("tokv", view), 0);
 	append_text("tok", HISTD__V1__ROLE__ROLE_SYSTEM, "Sys.");
 	append_text("tokv", HISTD__V1__ROLE__ROLE_SYSTEM, "Sys.");
 	for (int i = 0; i < 10; i++) {
@@ -738,8 +622,8 @@ retention_with_a_token_budget_after_masking_keeps_what_the_view_shows(void **sta
 	assert_same_context("tok", "tokv");
 	raw = get("tok", HISTD__V1__VIEW__VIEW_RAW);
 	assert_true(raw->n_messages < 41);
-	assert_no_split_pair(raw);
-	free_msg(raw);
+	tc_assert_pairs_whole(raw);
+	ut_free_msg(raw);
 }
 
 /* Windows of 40 and of 31 messages over a system message at seq 1, 60
@@ -764,8 +648,8 @@ the_context_view_keeps_system_messages_below_the_deleted_range(void **state)
 
 		snprintf(a, sizeof(a), "long%s", sizes[k]);
 		snprintf(b, sizeof(b), "view%s", sizes[k]);
-		assert_int_equal(create(a, del), 0);
-		assert_int_equal(create(b, view), 0);
+		assert_int_equal(ut_create(a, del), 0);
+		assert_int_equal(ut_create(b, view), 0);
 		append_text(a, HISTD__V1__ROLE__ROLE_SYSTEM, "sys one");
 		append_text(b, HISTD__V1__ROLE__ROLE_SYSTEM, "sys one");
 		for (int i = 0; i < 100; i += 10) {
@@ -783,11 +667,11 @@ the_context_view_keeps_system_messages_below_the_deleted_range(void **state)
 		assert_int_equal(raw->n_messages, 2 + (size_t)atoi(sizes[k]));
 		assert_int_equal(raw->messages[0]->seq, 1);
 		assert_int_equal(raw->messages[1]->seq, 62);
-		free_msg(raw);
+		ut_free_msg(raw);
 		g = get(a, HISTD__V1__VIEW__VIEW_CONTEXT);
-		assert_string_equal(text_of(g->messages[0]), "sys one");
-		assert_string_equal(text_of(g->messages[1]), "sys two");
-		free_msg(g);
+		assert_string_equal(tc_text_of(g->messages[0]), "sys one");
+		assert_string_equal(tc_text_of(g->messages[1]), "sys two");
+		ut_free_msg(g);
 		assert_same_context(a, b);
 	}
 }
@@ -800,14 +684,14 @@ the_default_pipeline_can_ask_for_retention(void **state)
 	(void)state;
 	teardown(NULL);
 	assert_int_equal(start(3, "window:max_messages=3,retention=delete"), 0);
-	assert_int_equal(create("d", NULL), 0);
+	assert_int_equal(ut_create("d", NULL), 0);
 	append_text("d", HISTD__V1__ROLE__ROLE_SYSTEM, "Sys.");
 	append_texts("d", 0, 10);
 	idle();
 	raw = get("d", HISTD__V1__VIEW__VIEW_RAW);
 	assert_int_equal(raw->n_messages, 4);
 	assert_int_equal(raw->messages[1]->seq, 9);
-	free_msg(raw);
+	ut_free_msg(raw);
 }
 
 static void
@@ -820,8 +704,8 @@ retention_truncates_only_when_something_goes(void **state)
 		"window", "max_messages", "3", NULL };
 
 	(void)state;
-	assert_int_equal(create("few", del), 0);
-	assert_int_equal(create("none", view), 0);
+	assert_int_equal(ut_create("few", del), 0);
+	assert_int_equal(ut_create("none", view), 0);
 	append_text("few", HISTD__V1__ROLE__ROLE_SYSTEM, "Sys.");
 	append_texts("few", 0, 10);
 	append_texts("none", 0, 10);
@@ -846,7 +730,7 @@ a_failed_retention_is_reported_and_retried(void **state)
 	Histd__V1__GetMessagesResponse *raw;
 
 	(void)state;
-	assert_int_equal(create("f", del), 0);
+	assert_int_equal(ut_create("f", del), 0);
 	pthread_mutex_lock(&shim_lock);
 	fail_truncates = 1;
 	pthread_mutex_unlock(&shim_lock);
@@ -861,7 +745,7 @@ a_failed_retention_is_reported_and_retried(void **state)
 	assert_int_equal(truncates, 2);
 	raw = get("f", HISTD__V1__VIEW__VIEW_RAW);
 	assert_int_equal(raw->n_messages, 2);
-	free_msg(raw);
+	ut_free_msg(raw);
 }
 
 /* UpdateSession of id to one window of 5 with retention = delete. */
@@ -893,7 +777,7 @@ update_retention(const char *id)
 	mask.paths = &path;
 	mask.n_paths = 1;
 	u.update_mask = &mask;
-	return call(HISTD_M_UPDATE_SESSION, &u.base, NULL, NULL);
+	return ut_call(HISTD_M_UPDATE_SESSION, &u.base, NULL, NULL);
 }
 
 static void
@@ -912,12 +796,12 @@ retention_needs_a_driver_that_can_delete(void **state)
 	(void)state;
 	teardown(NULL);
 	assert_int_equal(start(2, ""), 0);
-	assert_int_equal(create("no", del), HISTD_EPRECONDITION);
+	assert_int_equal(ut_create("no", del), HISTD_EPRECONDITION);
 	assert_string_equal(histd_error_message(),
 		"config.pipeline.plugins[1].options.retention: delete needs a "
 		"storage driver that can delete old messages; the old driver "
 		"cannot");
-	assert_int_equal(create("yes", view), 0);
+	assert_int_equal(ut_create("yes", view), 0);
 	assert_int_equal(update_retention("yes"), HISTD_EPRECONDITION);
 	assert_non_null(strstr(histd_error_message(), "the old driver cannot"));
 	/* A default pipeline asking for it is refused at start. */
