@@ -887,23 +887,42 @@ struct rec_block {
 
 #define REC_BLOCK_MIN 16384
 
+/* Room for n records in l->v. */
+static int
+records_grow(histd_records *l, size_t n)
+{
+	histd_record *v;
+
+	if (n <= l->cap)
+		return 0;
+	if (!(v = realloc(l->v, n * sizeof(*v))))
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	l->v = v;
+	l->cap = n;
+	return 0;
+}
+
 int
 histd_records_add(histd_records *l, uint64_t seq, uint32_t token_estimate,
 		  const uint8_t *data, size_t len)
 {
 	struct rec_block *b = l->mem;
 	uint8_t *copy;
+	int rc;
 
 	if (len > UINT32_MAX)
 		return histd_error_set(HISTD_EINVALID, "record is too large");
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? l->cap * 2 : 8;
-		histd_record *v = realloc(l->v, cap * sizeof(*v));
-
-		if (!v)
-			return histd_error_set(HISTD_ENOMEM, "out of memory");
-		l->v = v;
-		l->cap = cap;
+	if (l->n == l->cap && (rc = records_grow(l, l->cap ? l->cap * 2 : 8)))
+		return rc;
+	/* Framed: behind the key and length, in the one buffer. */
+	if (l->wire && l->wire_n == l->n &&
+	    l->wire_cap - l->wire_len >= len + 1 + 2 * HISTD_WIRE_VARINT_MAX) {
+		l->wire_len += histd_wire_put_len_key(l->wire + l->wire_len,
+						      l->wire_field, len);
+		copy = l->wire + l->wire_len;
+		l->wire_len += len;
+		l->wire_n++;
+		goto copied;
 	}
 	/* Copies share blocks: a read of many records makes a few
 	 * allocations, not one per record. */
@@ -920,6 +939,7 @@ histd_records_add(histd_records *l, uint64_t seq, uint32_t token_estimate,
 	}
 	copy = b->data + b->used;
 	b->used += len;
+copied:
 	if (len)
 		memcpy(copy, data, len);
 	l->v[l->n++] = (histd_record){
@@ -931,11 +951,63 @@ histd_records_add(histd_records *l, uint64_t seq, uint32_t token_estimate,
 	return 0;
 }
 
+int
+histd_records_frame(histd_records *l, uint32_t field, size_t n, size_t bytes,
+		    size_t slack)
+{
+	size_t cap = bytes + n * (1 + 2 * HISTD_WIRE_VARINT_MAX) + slack;
+	int rc;
+
+	if ((rc = records_grow(l, l->n + n)))
+		return rc;
+	/* Only a list that starts empty is framed whole. */
+	if (l->n || l->wire)
+		return 0;
+	if (!(l->wire = malloc(cap ? cap : 1)))
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	l->wire_cap = cap;
+	l->wire_len = 0;
+	l->wire_n = 0;
+	l->wire_field = field;
+	return 0;
+}
+
+int
+histd_records_reserve(histd_records *l, const histd_read *q,
+		      const histd_record *src, size_t n)
+{
+	size_t bytes = 0;
+
+	if (!q->frame_field)
+		return records_grow(l, l->n + n);
+	for (size_t i = 0; i < n; i++)
+		bytes += src[i].len;
+	return histd_records_frame(l, q->frame_field, n, bytes,
+				   q->frame_slack);
+}
+
+uint8_t *
+histd_records_take_wire(histd_records *l, size_t *len, size_t *cap)
+{
+	uint8_t *w = l->wire;
+
+	if (!w || l->wire_n != l->n)
+		return NULL;
+	*len = l->wire_len;
+	*cap = l->wire_cap;
+	l->wire = NULL;
+	l->wire_len = l->wire_cap = l->wire_n = 0;
+	return w;
+}
+
 void
 histd_records_clear(histd_records *l)
 {
 	if (!l)
 		return;
+	free(l->wire);
+	l->wire = NULL;
+	l->wire_len = l->wire_cap = l->wire_n = 0;
 	while (l->mem) {
 		struct rec_block *b = l->mem;
 

@@ -112,6 +112,13 @@ typedef struct histd_records {
 	/* The copied bytes, in shared blocks (one malloc for many records);
 	 * managed by histd_records_add and histd_records_clear only. */
 	void *mem;
+	/* Framed copies (histd_records_frame): each record's bytes preceded
+	 * by a protobuf key and length, all in one buffer, the way a reply
+	 * sends them. wire_n: how many of v[] are in it, from v[0]. Managed
+	 * by the helpers only. */
+	uint8_t *wire;
+	size_t wire_len, wire_cap, wire_n;
+	uint32_t wire_field;
 } histd_records;
 
 /* A tool call id a message issues (tool_call.id) or answers
@@ -211,6 +218,13 @@ typedef struct histd_read {
 	 * look (optional) fills them as usual. */
 	uint64_t known_revision;
 	int64_t known_created_us;
+	/* Non-zero: the caller will send the messages as this field of a
+	 * protobuf message. A driver that knows the size of what it returns
+	 * before copying may build result->records with histd_records_frame
+	 * (optional; the records are the same either way), leaving
+	 * frame_slack bytes spare for the caller's other fields. */
+	uint32_t frame_field;
+	uint32_t frame_slack;
 } histd_read;
 
 /* Everything is read at one instant: the messages are exactly those stored
@@ -647,6 +661,21 @@ void histd_session_list_free(histd_session_list *l);
 /* Appends a copy of data to the list; 0 or ENOMEM. */
 int histd_records_add(histd_records *l, uint64_t seq, uint32_t token_estimate,
 		      const uint8_t *data, size_t len);
+/* Makes the next n histd_records_add calls on the empty list l, of `bytes`
+ * bytes in all, copy into one buffer, each record behind the key and
+ * length of protobuf field `field`, with `slack` bytes spare at the end;
+ * 0 or ENOMEM. */
+int histd_records_frame(histd_records *l, uint32_t field, size_t n,
+			size_t bytes, size_t slack);
+/* Makes room in the empty list l for copies of the n records src, the
+ * answer to read q: framed if q asks (histd_records_frame), else plain;
+ * 0 or ENOMEM. */
+int histd_records_reserve(histd_records *l, const histd_read *q,
+			  const histd_record *src, size_t n);
+/* The framed buffer, if it holds every record of l (else NULL), handed to
+ * the caller (free it); *len is the bytes used, *cap its size. Records
+ * still point into it: take it last. */
+uint8_t *histd_records_take_wire(histd_records *l, size_t *len, size_t *cap);
 /* Frees the records' bytes and the array; the struct itself is not freed
  * and is left empty. */
 void histd_records_clear(histd_records *l);

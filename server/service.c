@@ -1691,15 +1691,20 @@ h_append(call *c, void *msg)
  * response is field 1 around each, then next_after_seq (2), revision (3)
  * and token_estimate (5) as varints.
  */
+/* What follows the messages of a GetMessagesResponse, at most: three
+ * varint fields. */
+#define TAIL_MAX (3 * (1 + HISTD_WIRE_VARINT_MAX))
+
 static int
 get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 {
 	const histd_service_config *cfg = &c->s->cfg;
-	histd_read q = { .tenant = c->tenant, .session_id = r->session_id };
+	histd_read q = { .tenant = c->tenant, .session_id = r->session_id,
+			 .frame_field = 1, .frame_slack = TAIL_MAX };
 	histd_read_result res = { 0 };
 	uint64_t tokens = 0, next = 0;
-	size_t size = 0, o = 0, first, end;
-	uint8_t *buf;
+	size_t size = 0, o = 0, first, end, cap;
+	uint8_t *buf = NULL;
 	int rc;
 
 	if (r->last_n) {
@@ -1734,17 +1739,26 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 	if ((res.has_more || end < res.records.n) && end > first &&
 	    !r->last_n)
 		next = res.records.v[end - 1].seq;
-	size += 3 * (1 + HISTD_WIRE_VARINT_MAX);
-	if (!(buf = malloc(size))) {
-		rc = enomem();
-		goto out;
+	/* All of it, framed by the driver: sent as it is. */
+	if (first == 0 && end == res.records.n &&
+	    (buf = histd_records_take_wire(&res.records, &o, &cap)) &&
+	    cap - o < TAIL_MAX) {
+		free(buf);
+		buf = NULL;
 	}
-	for (size_t i = first; i < end; i++) {
-		const histd_record *rec = &res.records.v[i];
+	if (!buf) {
+		o = 0;
+		if (!(buf = malloc(size + TAIL_MAX))) {
+			rc = enomem();
+			goto out;
+		}
+		for (size_t i = first; i < end; i++) {
+			const histd_record *rec = &res.records.v[i];
 
-		o += histd_wire_put_len_key(buf + o, 1, rec->len);
-		memcpy(buf + o, rec->data, rec->len);
-		o += rec->len;
+			o += histd_wire_put_len_key(buf + o, 1, rec->len);
+			memcpy(buf + o, rec->data, rec->len);
+			o += rec->len;
+		}
 	}
 	/* proto3: zero values are not written. */
 	if (next) {

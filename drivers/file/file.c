@@ -886,10 +886,9 @@ fd_read(histd_driver *dd, const histd_read *q, histd_read_result *res)
 		to = q->limit && s->n_msgs - from > q->limit ? from + q->limit
 							      : s->n_msgs;
 	}
-	if (to > from &&
-	    !(res->records.v = malloc((to - from) * sizeof(*res->records.v))))
+	if (histd_records_reserve(&res->records, q,
+				  to > from ? s->msgs + from : NULL, to - from))
 		goto oom;
-	res->records.cap = to - from;
 	for (size_t i = from; i < to; i++) {
 		const histd_record *r = &s->msgs[i];
 

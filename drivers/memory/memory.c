@@ -1674,12 +1674,10 @@ mem_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 		to = q->limit && s->n_msgs - from > q->limit ? from + q->limit
 							      : s->n_msgs;
 	}
-	if (to > from &&
-	    !(res->records.v = malloc((to - from) * sizeof(*res->records.v)))) {
-		rc = enomem();
+	if ((rc = histd_records_reserve(&res->records, q,
+					to > from ? s->msgs + from : NULL,
+					to - from)))
 		goto out;
-	}
-	res->records.cap = to - from;
 	for (size_t i = from; i < to; i++) {
 		const histd_record *r = &s->msgs[i];
 

@@ -3002,6 +3002,105 @@ static void read_with_want_summary_returns_the_newest_summary(void **state)
 	tmsgs_free(m, 4);
 }
 
+/* frame_field: the records are the same whether or not a driver frames
+ * them; a framed list holds them, each behind the field's key and length,
+ * in one buffer with the slack asked for. */
+static void read_with_frame_field_gives_the_same_records(void **state)
+{
+	ctest *t = *state;
+	histd_read_result rr;
+	histd_read q;
+	uint8_t *wire, *want;
+	size_t len = 0, cap = 0, o = 0;
+	tmsg m[5];
+
+	create_ok(t, TA, "s1");
+	tmsg_texts(m, 5, "framed");
+	append_ok(t, TA, "s1", m, 5, 1);
+	memset(&q, 0, sizeof(q));
+	q.tenant = TA;
+	q.session_id = "s1";
+	q.after_seq = 1;
+	q.limit = 3;
+	q.frame_field = 1;
+	q.frame_slack = 40;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	expect_records(&rr.records, 2, &m[1], 3);
+	want = malloc(3 * (1 + 2 * HISTD_WIRE_VARINT_MAX) + 3 * 4096);
+	assert_non_null(want);
+	for (size_t i = 0; i < rr.records.n; i++) {
+		o += histd_wire_put_len_key(want + o, 1, rr.records.v[i].len);
+		memcpy(want + o, rr.records.v[i].data, rr.records.v[i].len);
+		o += rr.records.v[i].len;
+	}
+	wire = histd_records_take_wire(&rr.records, &len, &cap);
+	if (wire) {
+		expect_eq(len, o, "framed bytes");
+		assert_memory_equal(wire, want, o);
+		assert_true(cap - len >= 40);
+		/* Taken: the list no longer holds it. */
+		assert_null(histd_records_take_wire(&rr.records, &len, &cap));
+	}
+	free(wire);
+	free(want);
+	histd_read_result_clear(&rr);
+
+	/* last_n, and a read of nothing, framed too. */
+	q.after_seq = 0;
+	q.limit = 0;
+	q.last_n = 2;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	expect_records(&rr.records, 4, &m[3], 2);
+	histd_read_result_clear(&rr);
+	q.last_n = 0;
+	q.after_seq = 5;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	expect_eq(rr.records.n, 0, "records after the last");
+	histd_read_result_clear(&rr);
+	tmsgs_free(m, 5);
+}
+
+/* A list framed from empty is taken whole; a record added past the
+ * buffer's room, or a list that was not empty, is not. */
+static void records_framed_whole_or_not_at_all(void **state)
+{
+	histd_records l = { 0 };
+	uint8_t a[300], *w;
+	size_t len, cap;
+
+	(void)state;
+	memset(a, 'a', sizeof(a));
+	expect_ok(histd_records_frame(&l, 1, 2, 200, 0));
+	expect_ok(histd_records_add(&l, 1, 1, a, 100));
+	expect_ok(histd_records_add(&l, 2, 1, a, 100));
+	/* Beyond what was reserved: copied apart, so no longer whole. */
+	expect_ok(histd_records_add(&l, 3, 1, a, 300));
+	expect_eq(l.n, 3, "records");
+	assert_memory_equal(l.v[2].data, a, 300);
+	assert_null(histd_records_take_wire(&l, &len, &cap));
+	histd_records_clear(&l);
+
+	expect_ok(histd_records_add(&l, 1, 1, a, 10));
+	expect_ok(histd_records_frame(&l, 1, 1, 10, 0));
+	expect_ok(histd_records_add(&l, 2, 1, a, 10));
+	assert_null(histd_records_take_wire(&l, &len, &cap));
+	histd_records_clear(&l);
+
+	expect_ok(histd_records_frame(&l, 1, 1, 3, 5));
+	expect_ok(histd_records_add(&l, 7, 1, a, 3));
+	w = histd_records_take_wire(&l, &len, &cap);
+	assert_non_null(w);
+	expect_eq(len, 5, "key, length and 3 bytes");
+	assert_int_equal(w[0], 1 << 3 | 2);
+	assert_int_equal(w[1], 3);
+	assert_ptr_equal(l.v[0].data, w + 2);
+	free(w);
+	histd_records_clear(&l);
+}
+
 /* known_revision: at the caller's revision a driver may leave out the
  * session and summary (known set); at any other revision, or for the
  * session made again under the same id, it must fill them. */
@@ -4654,6 +4753,8 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 		T(read_with_want_session_returns_the_session),
 		T(read_with_want_summary_returns_the_newest_summary),
 		T(read_at_a_known_revision_may_leave_out_what_the_caller_holds),
+		T(read_with_frame_field_gives_the_same_records),
+		T(records_framed_whole_or_not_at_all),
 		T(read_of_an_empty_session_returns_nothing),
 		T(read_of_unknown_session_is_not_found),
 
