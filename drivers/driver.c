@@ -987,14 +987,13 @@ histd_records_reserve(histd_records *l, const histd_read *q,
 }
 
 uint8_t *
-histd_records_take_wire(histd_records *l, size_t *len, size_t *cap)
+histd_records_take_wire(histd_records *l, size_t slack, size_t *len)
 {
 	uint8_t *w = l->wire;
 
-	if (!w || l->wire_n != l->n)
+	if (!w || l->wire_n != l->n || l->wire_cap - l->wire_len < slack)
 		return NULL;
 	*len = l->wire_len;
-	*cap = l->wire_cap;
 	l->wire = NULL;
 	l->wire_len = l->wire_cap = l->wire_n = 0;
 	return w;

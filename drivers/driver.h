@@ -672,10 +672,12 @@ int histd_records_frame(histd_records *l, uint32_t field, size_t n,
  * 0 or ENOMEM. */
 int histd_records_reserve(histd_records *l, const histd_read *q,
 			  const histd_record *src, size_t n);
-/* The framed buffer, if it holds every record of l (else NULL), handed to
- * the caller (free it); *len is the bytes used, *cap its size. Records
- * still point into it: take it last. */
-uint8_t *histd_records_take_wire(histd_records *l, size_t *len, size_t *cap);
+/* The framed buffer, if it holds every record of l with at least `slack`
+ * bytes spare after them (else NULL, and l keeps it), handed to the
+ * caller (free it); *len is the bytes used. Records still point into it:
+ * take it last. */
+uint8_t *histd_records_take_wire(histd_records *l, size_t slack,
+				 size_t *len);
 /* Frees the records' bytes and the array; the struct itself is not freed
  * and is left empty. */
 void histd_records_clear(histd_records *l);

@@ -1685,16 +1685,16 @@ h_append(call *c, void *msg)
 	return 0;
 }
 
+/* What follows the messages of a GetMessagesResponse, at most: three
+ * varint fields. */
+#define TAIL_MAX (3 * (1 + HISTD_WIRE_VARINT_MAX))
+
 /*
  * RAW: the stored records spliced into the response as they are, never
  * unpacked: each record is already a packed Message with its seq, so the
  * response is field 1 around each, then next_after_seq (2), revision (3)
  * and token_estimate (5) as varints.
  */
-/* What follows the messages of a GetMessagesResponse, at most: three
- * varint fields. */
-#define TAIL_MAX (3 * (1 + HISTD_WIRE_VARINT_MAX))
-
 static int
 get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 {
@@ -1703,7 +1703,7 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 			 .frame_field = 1, .frame_slack = TAIL_MAX };
 	histd_read_result res = { 0 };
 	uint64_t tokens = 0, next = 0;
-	size_t size = 0, o = 0, first, end, cap;
+	size_t size = 0, o = 0, first, end;
 	uint8_t *buf = NULL;
 	int rc;
 
@@ -1740,12 +1740,8 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 	    !r->last_n)
 		next = res.records.v[end - 1].seq;
 	/* All of it, framed by the driver: sent as it is. */
-	if (first == 0 && end == res.records.n &&
-	    (buf = histd_records_take_wire(&res.records, &o, &cap)) &&
-	    cap - o < TAIL_MAX) {
-		free(buf);
-		buf = NULL;
-	}
+	if (first == 0 && end == res.records.n)
+		buf = histd_records_take_wire(&res.records, TAIL_MAX, &o);
 	if (!buf) {
 		o = 0;
 		if (!(buf = malloc(size + TAIL_MAX))) {
