@@ -3027,8 +3027,11 @@ static void read_with_frame_field_gives_the_same_records(void **state)
 	memset(&rr, 0, sizeof(rr));
 	expect_ok(histd_driver_read(t->d, &q, &rr));
 	expect_records(&rr.records, 2, &m[1], 3);
-	want = malloc(3 * (1 + 2 * HISTD_WIRE_VARINT_MAX) + 3 * 4096);
+	for (size_t i = 0; i < rr.records.n; i++)
+		o += 1 + 2 * HISTD_WIRE_VARINT_MAX + rr.records.v[i].len;
+	want = malloc(o);
 	assert_non_null(want);
+	o = 0;
 	for (size_t i = 0; i < rr.records.n; i++) {
 		o += histd_wire_put_len_key(want + o, 1, rr.records.v[i].len);
 		memcpy(want + o, rr.records.v[i].data, rr.records.v[i].len);
