@@ -7,8 +7,8 @@
  *                    [--dir DIR] [--skip-throughput] [--skip-startup]
  *
  * Throughput: histd is started (--threads 2, --server-threads) with the memory driver, the
- * file driver with --fsync batch and with --fsync always, in turn, `rounds`
- * times (interleaved, so that background load weighs on all alike). Each
+ * file driver with --fsync batch, --fsync always and --fsync never, in
+ * turn, `rounds` times (interleaved, so that background load weighs on all alike). Each
  * run: `callers` callers, each on its own session, each keeping one Append
  * of one user text message of `size` bytes in flight (histd-bench's load
  * generator), for `duration` s after a 0.5 s warm-up. The file driver's
@@ -57,6 +57,9 @@ struct opts {
 	int skip_throughput, skip_startup;
 	int threads;
 };
+
+/* memory, then the file driver in batch, always and never mode. */
+#define N_CONFIGS 4
 
 /* One configuration of the throughput runs, summed over rounds. */
 struct config {
@@ -495,13 +498,14 @@ main(int argc, char **argv)
 	};
 	struct opts o = { .callers = 16, .size = 1024, .duration = 3,
 			  .rounds = 3, .messages = 1000000, .threads = 2 };
-	struct config cf[3] = {
+	struct config cf[N_CONFIGS] = {
 		{ .name = "memory", .driver = "memory" },
 		{ .name = "file-batch", .driver = "file", .fsync = "batch" },
 		{ .name = "file-always", .driver = "file", .fsync = "always" },
+		{ .name = "file-never", .driver = "file", .fsync = "never" },
 	};
 	char tmpl[256], data[600], *text;
-	double tput[3] = { 0 }, cat_s = -1, open_s = -1, histd_s = -1;
+	double tput[N_CONFIGS] = { 0 }, cat_s = -1, open_s = -1, histd_s = -1;
 	uint64_t open_us = 0;
 	long anon_kb = -1, rss_kb = -1;
 	int opt, failed = 0;
@@ -547,7 +551,7 @@ main(int argc, char **argv)
 	if (!o.skip_throughput) {
 		grpc_init();
 		for (int r = 0; r < o.rounds; r++)
-			for (int i = 0; i < 3; i++)
+			for (int i = 0; i < N_CONFIGS; i++)
 				if (run_config(&o, &cf[i], text) != 0) {
 					fprintf(stderr, "histd-file-bench: %s run failed\n",
 						cf[i].name);
@@ -561,14 +565,16 @@ main(int argc, char **argv)
 		       "appends/s", "vs memory", "p50 us", "p99 us", "fsyncs",
 		       "appends/fsync", "fsync us", "gather us");
 		printf("%-12s (server CPU per append, host busy %%)\n", "");
-		for (int i = 0; i < 3; i++) {
+		for (int i = 0; i < N_CONFIGS; i++) {
 			bench_lat_sort(&cf[i].lat);
 			tput[i] = cf[i].elapsed > 0 ? (double)cf[i].ok / cf[i].elapsed : 0;
 		}
-		for (int i = 0; i < 3; i++) {
+		for (int i = 0; i < N_CONFIGS; i++) {
 			char per[32] = "-", fs[32] = "-", su[32] = "-", gu[32] = "-";
 
-			if (cf[i].fsync && cf[i].fsyncs) {
+			/* never syncs only when histd stops. */
+			if (cf[i].fsync && strcmp(cf[i].fsync, "never") != 0 &&
+			    cf[i].fsyncs) {
 				snprintf(per, sizeof(per), "%.1f",
 					 (double)cf[i].appends / (double)cf[i].fsyncs);
 				snprintf(fs, sizeof(fs), "%llu",
@@ -627,21 +633,23 @@ main(int argc, char **argv)
 
 	printf("{\"file_bench\":{\"callers\":%zu,\"size\":%zu,"
 	       "\"memory_appends_per_s\":%.0f,\"batch_appends_per_s\":%.0f,"
-	       "\"always_appends_per_s\":%.0f,\"batch_vs_memory\":%.3f,"
-	       "\"always_vs_memory\":%.3f,\"batch_appends_per_fsync\":%.2f,"
+	       "\"always_appends_per_s\":%.0f,\"never_appends_per_s\":%.0f,"
+	       "\"batch_vs_memory\":%.3f,"
+	       "\"always_vs_memory\":%.3f,\"never_vs_memory\":%.3f,\"batch_appends_per_fsync\":%.2f,"
 	       "\"always_appends_per_fsync\":%.2f,\"startup_messages\":%llu,"
 	       "\"cat_s\":%.3f,\"open_s\":%.3f,\"histd_start_s\":%.3f,"
 	       "\"open_vs_cat\":%.2f,\"histd_vs_cat\":%.2f,"
 	       "\"anon_bytes_per_message\":%.0f}}\n",
-	       o.callers, o.size, tput[0], tput[1], tput[2],
+	       o.callers, o.size, tput[0], tput[1], tput[2], tput[3],
 	       tput[0] > 0 ? tput[1] / tput[0] : 0,
 	       tput[0] > 0 ? tput[2] / tput[0] : 0,
+	       tput[0] > 0 ? tput[3] / tput[0] : 0,
 	       cf[1].fsyncs ? (double)cf[1].appends / (double)cf[1].fsyncs : 0,
 	       cf[2].fsyncs ? (double)cf[2].appends / (double)cf[2].fsyncs : 0,
 	       (unsigned long long)o.messages, cat_s, open_s, histd_s,
 	       cat_s > 0 ? open_s / cat_s : 0, cat_s > 0 ? histd_s / cat_s : 0,
 	       anon_kb > 0 ? anon_kb * 1024.0 / (double)o.messages : 0);
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < N_CONFIGS; i++)
 		bench_lat_free(&cf[i].lat);
 	free(text);
 	if (o.dir == tmpl)
