@@ -301,6 +301,16 @@ free_texts(char **t, uint64_t last)
 /* ------------------------------------------------------------------------
  * The test */
 
+/* In outage(), once threads run: a failed check stops and joins them before
+ * the test fails, so that none outlives the frame its state lives in. */
+#define CHECK(cond, ...)                                                \
+	do {                                                            \
+		if (!(cond)) {                                          \
+			snprintf(why, sizeof(why), __VA_ARGS__);        \
+			goto stop;                                      \
+		}                                                       \
+	} while (0)
+
 static void
 outage(const char *mode)
 {
@@ -316,9 +326,11 @@ outage(const char *mode)
 	loader l[LOADERS];
 	watcher w = { .next_seq = 1 };
 	atomic_int stop = 0;
-	int ms, n_unavailable = 0;
+	int ms, n_unavailable = 0, n_loaders = 0;
+	int loaders_joined = 0, watcher_joined = 0;
 	int64_t up_at;
 	size_t before_ok[LOADERS];
+	char why[256];
 
 	assert_non_null(db);
 	assert_int_equal(harness_start(&p, extra), 0);
@@ -333,27 +345,32 @@ outage(const char *mode)
 	assert_int_equal(pthread_create(&wth, NULL, watch, &w), 0);
 	for (int i = 0; i < LOADERS; i++) {
 		l[i] = (loader){ .c = c, .id = i, .sessions = sessions, .stop = &stop };
-		assert_int_equal(pthread_create(&th[i], NULL, load, &l[i]), 0);
+		CHECK(pthread_create(&th[i], NULL, load, &l[i]) == 0,
+		      "%s: cannot start loader %d", mode, i);
+		n_loaders++;
 	}
 	usleep(1000000);
-	assert_int_equal(health(c), GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+	CHECK(health(c) == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING,
+	      "%s: health is not SERVING under load", mode);
 
 	/* Down. */
-	assert_int_equal(pgh_cluster("halt", state, mode), 0);
+	CHECK(pgh_cluster("halt", state, mode) == 0, "%s: cannot stop PostgreSQL", mode);
 	ms = wait_health(c, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING,
 			 10000);
 	print_message("%s: health NOT_SERVING %d ms after the stop\n", mode, ms);
-	assert_true(ms >= 0);
+	CHECK(ms >= 0, "%s: health not NOT_SERVING within 10 s of the stop", mode);
 	usleep(1500000);
 	for (int i = 0; i < LOADERS; i++)
 		before_ok[i] = l[i].n_ok;
 	usleep(1000000);
 	/* Nothing succeeds while it is down. */
 	for (int i = 0; i < LOADERS; i++)
-		assert_int_equal(l[i].n_ok, before_ok[i]);
+		CHECK(l[i].n_ok == before_ok[i],
+		      "%s: loader %d had %zu appends acknowledged while PostgreSQL was down",
+		      mode, i, l[i].n_ok - before_ok[i]);
 
 	/* Up again: recovery without help. */
-	assert_int_equal(pgh_cluster("resume", state, NULL), 0);
+	CHECK(pgh_cluster("resume", state, NULL) == 0, "%s: cannot start PostgreSQL", mode);
 	up_at = t_now_ms();
 	for (;;) {
 		int recovered = 1;
@@ -363,30 +380,30 @@ outage(const char *mode)
 				recovered = 0;
 		if (recovered)
 			break;
-		if (t_now_ms() - up_at > 15000)
-			fail_msg("%s: appends did not recover within 15 s", mode);
+		CHECK(t_now_ms() - up_at <= 15000,
+		      "%s: appends did not recover within 15 s", mode);
 		usleep(20000);
 	}
 	print_message("%s: every loader appends again %" PRId64 " ms after the start\n",
 		      mode, t_now_ms() - up_at);
-	assert_true(t_now_ms() - up_at < 10000);
+	CHECK(t_now_ms() - up_at < 10000, "%s: appends recovered after 10 s", mode);
 	ms = wait_health(c, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING,
 			 10000);
 	print_message("%s: health SERVING %d ms after that\n", mode, ms);
-	assert_true(ms >= 0);
+	CHECK(ms >= 0, "%s: health not SERVING within 10 s of recovery", mode);
 	usleep(1000000);
 	atomic_store(&stop, 1);
-	for (int i = 0; i < LOADERS; i++)
+	for (int i = 0; i < n_loaders; i++)
 		pthread_join(th[i], NULL);
+	loaders_joined = 1;
 
 	/* Only OK or UNAVAILABLE, ever. */
 	for (int i = 0; i < LOADERS; i++) {
-		if (l[i].n_other)
-			fail_msg("loader %d: %d calls ended %s", i, l[i].n_other,
-				 histd_status_code_name(l[i].other_code));
+		CHECK(!l[i].n_other, "loader %d: %d calls ended %s", i, l[i].n_other,
+		      histd_status_code_name(l[i].other_code));
 		n_unavailable += l[i].n_unavailable;
 	}
-	assert_true(n_unavailable > 0);
+	CHECK(n_unavailable > 0, "%s: no call failed UNAVAILABLE during the outage", mode);
 
 	/* Every acknowledged append is stored, as acknowledged. */
 	{
@@ -400,11 +417,11 @@ outage(const char *mode)
 			for (size_t k = 0; k < l[i].n_ok; k++) {
 				const acked *a = &l[i].ok[k];
 
-				if (a->seq > last[a->session] || !text[a->session][a->seq] ||
-				    strcmp(text[a->session][a->seq], a->text) != 0)
-					fail_msg("%s: acknowledged %s at seq %" PRIu64
-						 " of %s is not stored", mode, a->text,
-						 a->seq, sessions[a->session]);
+				CHECK(a->seq <= last[a->session] && text[a->session][a->seq] &&
+				      strcmp(text[a->session][a->seq], a->text) == 0,
+				      "%s: acknowledged %s at seq %" PRIu64
+				      " of %s is not stored", mode, a->text,
+				      a->seq, sessions[a->session]);
 				n_ok++;
 			}
 		print_message("%s: %zu appends acknowledged and stored, %d UNAVAILABLE\n",
@@ -418,6 +435,7 @@ outage(const char *mode)
 			usleep(20000);
 		atomic_store(&w.stop, 1);
 		pthread_join(wth, NULL);
+		watcher_joined = 1;
 		if (w.error[0])
 			fail_msg("%s: subscriber: %s", mode, w.error);
 		assert_int_equal(atomic_load(&w.next_seq), last[LOADERS] + 1);
@@ -440,6 +458,15 @@ outage(const char *mode)
 	assert_int_equal(harness_stop(p), 0);
 	pgh_drop_database(db);
 	free(db);
+	return;
+stop:
+	atomic_store(&stop, 1);
+	for (int i = 0; !loaders_joined && i < n_loaders; i++)
+		pthread_join(th[i], NULL);
+	atomic_store(&w.stop, 1);
+	if (!watcher_joined)
+		pthread_join(wth, NULL);
+	fail_msg("%s", why);
 }
 
 static void
