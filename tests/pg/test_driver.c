@@ -209,14 +209,16 @@ replicas_starting_together_migrate_once(void **state)
 {
 	fixture *f = *state;
 	pthread_t th[6];
-	void *failed;
+	void *why[6];
 
 	for (int i = 0; i < 6; i++)
 		assert_int_equal(pthread_create(&th[i], NULL, open_close, f->dsn), 0);
-	for (int i = 0; i < 6; i++) {
-		pthread_join(th[i], &failed);
-		assert_null(failed);
-	}
+
+	/* All joined before any assertion, which would leave them running. */
+	for (int i = 0; i < 6; i++)
+		pthread_join(th[i], &why[i]);
+	for (int i = 0; i < 6; i++)
+		assert_null(why[i]);
 	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM histd_schema"), 1);
 	assert_int_equal(sql_long(f->dsn, "SELECT version FROM histd_schema"),
 			 PG_SCHEMA_VERSION);
@@ -318,10 +320,10 @@ concurrent_appends_share_commits(void **state)
 	}
 	for (int i = 0; i < CALLERS; i++)
 		assert_int_equal(pthread_create(&th[i], NULL, append_many, &ap[i]), 0);
-	for (int i = 0; i < CALLERS; i++) {
+	for (int i = 0; i < CALLERS; i++)
 		pthread_join(th[i], NULL);
+	for (int i = 0; i < CALLERS; i++)
 		assert_int_equal(ap[i].failed, 0);
-	}
 	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM messages"),
 			 CALLERS * EACH);
 	/* Rows written by one transaction share its xmin. */
@@ -612,10 +614,10 @@ second_instance_gets_every_change_of_the_first_in_order(void **state)
 		snprintf(ap[i].id, sizeof(ap[i].id), "s");
 		assert_int_equal(pthread_create(&th[i], NULL, append_many, &ap[i]), 0);
 	}
-	for (int i = 0; i < 4; i++) {
+	for (int i = 0; i < 4; i++)
 		pthread_join(th[i], NULL);
+	for (int i = 0; i < 4; i++)
 		assert_int_equal(ap[i].failed, 0);
-	}
 	rev = revision_of(f->d, "s");
 	assert_int_equal(rev, 101);
 	wait_revision(&h, rev, 10000);

@@ -217,10 +217,11 @@ subscribe_on_b_receives_every_message_appended_through_a(void **state)
 		w[i] = (writer){ .c = cA, .session = sid, .id = i, .appends = APPENDS };
 		assert_int_equal(pthread_create(&th[i], NULL, write_loop, &w[i]), 0);
 	}
-	for (int i = 0; i < WRITERS; i++) {
+	/* All joined before any assertion, which would leave w behind. */
+	for (int i = 0; i < WRITERS; i++)
 		pthread_join(th[i], NULL);
+	for (int i = 0; i < WRITERS; i++)
 		assert_int_equal(w[i].other, 0);
-	}
 	/* B serves at once what A acknowledged. */
 	last = last_seq_of(cB, sid);
 	assert_int_equal(last, WRITERS * (APPENDS / 3) * 6);
@@ -251,10 +252,11 @@ subscriber_sees_appends_of_both_replicas_in_order(void **state)
 				 .appends = APPENDS };
 		assert_int_equal(pthread_create(&th[i], NULL, write_loop, &w[i]), 0);
 	}
-	for (int i = 0; i < WRITERS; i++) {
+	/* All joined before any assertion, which would leave w behind. */
+	for (int i = 0; i < WRITERS; i++)
 		pthread_join(th[i], NULL);
+	for (int i = 0; i < WRITERS; i++)
 		assert_int_equal(w[i].other, 0);
-	}
 	last = last_seq_of(cA, sid);
 	assert_int_equal(last, WRITERS * (APPENDS / 3) * 6);
 	read_until(st, &s, last, 10000);

@@ -1971,10 +1971,10 @@ concurrent_appends_get_distinct_seqs(void **state)
 		assert_int_equal(pthread_create(&th[i], NULL, hammer_appends,
 						&h[i]), 0);
 	}
-	for (int i = 0; i < 4; i++) {
+	for (int i = 0; i < 4; i++)
 		pthread_join(th[i], NULL);
+	for (int i = 0; i < 4; i++)
 		assert_int_equal(h[i].failures, 0);
-	}
 	assert_int_equal(get_session("busy")->stats->last_seq, 400);
 	assert_int_equal(get_session("busy")->revision, 201);
 	g = read_raw("busy", 0, 50, 0);
