@@ -6,12 +6,13 @@
  *                    [--duration 3] [--rounds 3] [--messages 1000000]
  *                    [--dir DIR] [--skip-throughput] [--skip-startup]
  *
- * Throughput: histd is started (--threads 2, --server-threads) with the memory driver, the
- * file driver with --fsync batch, --fsync always and --fsync never, in
- * turn, `rounds` times (interleaved, so that background load weighs on all alike). Each
- * run: `callers` callers, each on its own session, each keeping one Append
- * of one user text message of `size` bytes in flight (histd-bench's load
- * generator), for `duration` s after a 0.5 s warm-up. The file driver's
+ * Throughput: histd is started (--threads 2, --server-threads) with the
+ * memory driver, then the file driver with --fsync batch, --fsync always
+ * and --fsync never, in turn, `rounds` times (interleaved, so that
+ * background load weighs on all alike). Each run: `callers` callers, each
+ * on its own session, each keeping one Append of one user text message of
+ * `size` bytes in flight (histd-bench's load generator), for `duration` s
+ * after a 0.5 s warm-up. The file driver's
  * appends per fsync come from the statistics line it writes when histd
  * stops (warm-up included).
  *
@@ -634,8 +635,8 @@ main(int argc, char **argv)
 	printf("{\"file_bench\":{\"callers\":%zu,\"size\":%zu,"
 	       "\"memory_appends_per_s\":%.0f,\"batch_appends_per_s\":%.0f,"
 	       "\"always_appends_per_s\":%.0f,\"never_appends_per_s\":%.0f,"
-	       "\"batch_vs_memory\":%.3f,"
-	       "\"always_vs_memory\":%.3f,\"never_vs_memory\":%.3f,\"batch_appends_per_fsync\":%.2f,"
+	       "\"batch_vs_memory\":%.3f,\"always_vs_memory\":%.3f,"
+	       "\"never_vs_memory\":%.3f,\"batch_appends_per_fsync\":%.2f,"
 	       "\"always_appends_per_fsync\":%.2f,\"startup_messages\":%llu,"
 	       "\"cat_s\":%.3f,\"open_s\":%.3f,\"histd_start_s\":%.3f,"
 	       "\"open_vs_cat\":%.2f,\"histd_vs_cat\":%.2f,"
