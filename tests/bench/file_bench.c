@@ -12,9 +12,8 @@
  * background load weighs on all alike). Each run: `callers` callers, each
  * on its own session, each keeping one Append of one user text message of
  * `size` bytes in flight (histd-bench's load generator), for `duration` s
- * after a 0.5 s warm-up. The file driver's
- * appends per fsync come from the statistics line it writes when histd
- * stops (warm-up included).
+ * after a 0.5 s warm-up. The file driver's appends per fsync come from the
+ * statistics line it writes when histd stops (warm-up included).
  *
  * Start-up: a data directory with `messages` stored messages of `size`
  * bytes (100 sessions, one message per Append record, fsync=never) is
