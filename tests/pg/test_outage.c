@@ -254,9 +254,11 @@ wait_health(histd_client *c, int want, int timeout_ms)
 	return -1;
 }
 
-/* Every stored message of a session, text by seq (NULL where none). */
-static char **
-stored(histd_client *c, const char *session, uint64_t *last)
+/* Every stored message of a session, text by seq (NULL where none), in
+ * *out. Asserts nothing (the watcher may still run): 0, or -1 with why. */
+static int
+stored(histd_client *c, const char *session, char ***out, uint64_t *last,
+       char *why, size_t why_size)
 {
 	char **text = NULL;
 	size_t cap = 0;
@@ -264,21 +266,48 @@ stored(histd_client *c, const char *session, uint64_t *last)
 
 	*last = 0;
 	for (;;) {
-		Histd__V1__GetMessagesResponse *r = t_get_raw(c, session, after, 1000);
+		Histd__V1__GetMessagesRequest req =
+			HISTD__V1__GET_MESSAGES_REQUEST__INIT;
+		Histd__V1__GetMessagesResponse *r = NULL;
+		histd_status st;
 
+		req.session_id = (char *)session;
+		req.view = HISTD__V1__VIEW__VIEW_RAW;
+		req.after_seq = after;
+		req.limit = 1000;
+		histd_status_init(&st);
+		t_call(c, "GetMessages", &req,
+		       &histd__v1__get_messages_response__descriptor, &r, &st);
+		if (st.code != GRPC_STATUS_OK || !r) {
+			snprintf(why, why_size, "GetMessages %s after %" PRIu64
+				 ": status %d: %s", session, after,
+				 (int)st.code, st.details ? st.details : "");
+			histd_status_reset(&st);
+			if (r)
+				histd_client_message_free(&r->base);
+			goto fail;
+		}
+		histd_status_reset(&st);
 		for (size_t i = 0; i < r->n_messages; i++) {
 			const Histd__V1__Message *m = r->messages[i];
 
 			if (m->seq >= cap) {
 				size_t nc = cap ? cap * 2 : 1024;
+				char **grown;
 
 				while (nc <= m->seq)
 					nc *= 2;
-				text = realloc(text, nc * sizeof(*text));
-				assert_non_null(text);
+				grown = realloc(text, nc * sizeof(*text));
+				if (!grown) {
+					snprintf(why, why_size, "out of memory");
+					histd_client_message_free(&r->base);
+					goto fail;
+				}
+				text = grown;
 				memset(text + cap, 0, (nc - cap) * sizeof(*text));
 				cap = nc;
 			}
+			free(text[m->seq]);
 			text[m->seq] = strdup(tm_first_text(m));
 			*last = m->seq;
 		}
@@ -287,7 +316,15 @@ stored(histd_client *c, const char *session, uint64_t *last)
 		if (!after)
 			break;
 	}
-	return text;
+	*out = text;
+	return 0;
+fail:
+	for (size_t i = 0; i < cap; i++)
+		free(text[i]);
+	free(text);
+	*last = 0;
+	*out = NULL;
+	return -1;
 }
 
 static void
@@ -410,9 +447,16 @@ outage(const char *mode)
 		char **text[LOADERS + 1];
 		uint64_t last[LOADERS + 1];
 		size_t n_ok = 0;
+		char err[200] = "";
+		int s;
 
-		for (int s = 0; s <= LOADERS; s++)
-			text[s] = stored(c, sessions[s], &last[s]);
+		for (s = 0; s <= LOADERS; s++)
+			text[s] = NULL, last[s] = 0;
+		for (s = 0; s <= LOADERS; s++)
+			if (stored(c, sessions[s], &text[s], &last[s], err,
+				   sizeof(err)) != 0)
+				break;
+		CHECK(s > LOADERS, "%s: reading back: %s", mode, err);
 		for (int i = 0; i < LOADERS; i++)
 			for (size_t k = 0; k < l[i].n_ok; k++) {
 				const acked *a = &l[i].ok[k];
@@ -466,6 +510,10 @@ stop:
 	atomic_store(&w.stop, 1);
 	if (!watcher_joined)
 		pthread_join(wth, NULL);
+	/* Nothing of this test outlives it: the server stops too. */
+	histd_client_stream_close(w.st);
+	histd_client_close(c);
+	harness_stop(p);
 	fail_msg("%s", why);
 }
 
