@@ -486,7 +486,7 @@ outage(const char *mode)
 		for (uint64_t q = 1; q <= last[LOADERS]; q++)
 			if (text[LOADERS][q])
 				assert_string_equal(w.text[q], text[LOADERS][q]);
-		for (int s = 0; s <= LOADERS; s++)
+		for (s = 0; s <= LOADERS; s++)
 			free_texts(text[s], last[s]);
 	}
 
