@@ -500,20 +500,32 @@ grpc_status_code t_append_texts(histd_client *c, const char *session_id,
 	return code;
 }
 
-Histd__V1__GetMessagesResponse *t_get_raw(histd_client *c,
-					  const char *session_id,
-					  uint64_t after_seq, uint32_t limit)
+void t_try_get_raw(histd_client *c, const char *session_id,
+		   uint64_t after_seq, uint32_t limit,
+		   Histd__V1__GetMessagesResponse **out, histd_status *st)
 {
 	Histd__V1__GetMessagesRequest req = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
 	req.session_id = (char *)session_id;
 	req.view = HISTD__V1__VIEW__VIEW_RAW;
 	req.after_seq = after_seq;
 	req.limit = limit;
-	Histd__V1__GetMessagesResponse *resp = NULL;
+	*out = NULL;
+	t_call(c, "GetMessages", &req,
+	       &histd__v1__get_messages_response__descriptor, out, st);
+	if (st->code != GRPC_STATUS_OK && *out) {
+		histd_client_message_free(&(*out)->base);
+		*out = NULL;
+	}
+}
+
+Histd__V1__GetMessagesResponse *t_get_raw(histd_client *c,
+					  const char *session_id,
+					  uint64_t after_seq, uint32_t limit)
+{
+	Histd__V1__GetMessagesResponse *resp;
 	histd_status st;
 	histd_status_init(&st);
-	t_call(c, "GetMessages", &req,
-	       &histd__v1__get_messages_response__descriptor, &resp, &st);
+	t_try_get_raw(c, session_id, after_seq, limit, &resp, &st);
 	assert_status(&st, GRPC_STATUS_OK);
 	histd_status_reset(&st);
 	return resp;

@@ -111,6 +111,13 @@ grpc_status_code t_append_texts(histd_client *c, const char *session_id,
 				uint64_t expected_revision,
 				Histd__V1__AppendResponse **out);
 
+/* GetMessages RAW after after_seq, asserting nothing: the status in *st
+ * (histd_status_init'ed by the caller), the response in *out (NULL unless
+ * OK). For callers that must not fail while their threads run. */
+void t_try_get_raw(histd_client *c, const char *session_id,
+		   uint64_t after_seq, uint32_t limit,
+		   Histd__V1__GetMessagesResponse **out, histd_status *st);
+
 /* GetMessages RAW after after_seq; asserts OK. */
 Histd__V1__GetMessagesResponse *t_get_raw(histd_client *c,
 					  const char *session_id,

@@ -266,25 +266,16 @@ stored(histd_client *c, const char *session, char ***out, uint64_t *last,
 
 	*last = 0;
 	for (;;) {
-		Histd__V1__GetMessagesRequest req =
-			HISTD__V1__GET_MESSAGES_REQUEST__INIT;
-		Histd__V1__GetMessagesResponse *r = NULL;
+		Histd__V1__GetMessagesResponse *r;
 		histd_status st;
 
-		req.session_id = (char *)session;
-		req.view = HISTD__V1__VIEW__VIEW_RAW;
-		req.after_seq = after;
-		req.limit = 1000;
 		histd_status_init(&st);
-		t_call(c, "GetMessages", &req,
-		       &histd__v1__get_messages_response__descriptor, &r, &st);
-		if (st.code != GRPC_STATUS_OK || !r) {
+		t_try_get_raw(c, session, after, 1000, &r, &st);
+		if (!r) {
 			snprintf(why, why_size, "GetMessages %s after %" PRIu64
 				 ": status %d: %s", session, after,
 				 (int)st.code, st.details ? st.details : "");
 			histd_status_reset(&st);
-			if (r)
-				histd_client_message_free(&r->base);
 			goto fail;
 		}
 		histd_status_reset(&st);
