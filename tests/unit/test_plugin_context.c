@@ -641,19 +641,26 @@ appends_racing_a_compaction_lose_nothing(void **state)
 	static const char *const pl[] = {
 		"compaction", "summarizer", "slow",
 		"compaction", "keep_recent", "4", NULL };
-	struct racer r = { "r1", -1, 0 }, r2 = { "r1", -1, 0 };
+	/* Static: a failing turn() below leaves the frame while the two
+	 * Reduce threads still write their results. */
+	static struct racer r, r2;
 	Histd__V1__GetMessagesResponse *g, *raw;
 	pthread_t t, t2;
 	uint64_t expect;
 
 	(void)state;
+	r = (struct racer){ "r1", -1, 0 };
+	r2 = r;
 	assert_int_equal(ut_create("r1", pl), 0);
 	append_msg("r1", HISTD__V1__ROLE__ROLE_SYSTEM, "sys", NULL, NULL);
 	for (int i = 0; i < 10; i++)
 		turn("r1", i);
 	slow_ms = 300;
-	pthread_create(&t, NULL, reduce_thread, &r);
-	pthread_create(&t2, NULL, reduce_thread, &r2);
+	assert_int_equal(pthread_create(&t, NULL, reduce_thread, &r), 0);
+	if (pthread_create(&t2, NULL, reduce_thread, &r2) != 0) {
+		pthread_join(t, NULL);
+		fail_msg("cannot start the second Reduce thread");
+	}
 	/* 10 more turns while the summarizer sleeps. */
 	for (int i = 10; i < 20; i++)
 		turn("r1", i);

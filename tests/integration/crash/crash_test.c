@@ -567,7 +567,7 @@ main(int argc, char **argv)
 	uint64_t total = 0, retries = 0, replayed = 0;
 	int64_t t0 = now_ms();
 	pid_t pid;
-	int status, ok;
+	int status, ok, n_writers = 0;
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: %s <histd> [kills] [seed]\n", argv[0]);
@@ -594,7 +594,11 @@ main(int argc, char **argv)
 	memset(ws, 0, sizeof(ws));
 	for (int w = 0; w < N_WRITERS; w++) {
 		ws[w].w = w;
-		pthread_create(&ws[w].th, NULL, writer_main, &ws[w]);
+		if (pthread_create(&ws[w].th, NULL, writer_main, &ws[w]) != 0) {
+			failf("cannot start writer thread %d", w);
+			break;
+		}
+		n_writers++;
 	}
 
 	for (int k = 1; k <= kills && !g.failed; k++) {
@@ -619,7 +623,7 @@ main(int argc, char **argv)
 	pthread_mutex_unlock(&g.mu);
 	if (c)
 		publish(c);
-	for (int w = 0; w < N_WRITERS; w++)
+	for (int w = 0; w < n_writers; w++)
 		pthread_join(ws[w].th, NULL);
 	if (c)
 		histd_client_close(retract());
