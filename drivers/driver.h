@@ -545,6 +545,9 @@ struct histd_driver {
 typedef struct histd_driver_config {
 	const char *data_dir;        /* file */
 	const char *fsync_mode;      /* file: always | batch | never */
+	/* The least severe level a driver writes to stderr: debug, info,
+	 * warn or error; NULL or "" is info. histd passes its --log-level. */
+	const char *log_level;
 	const char *dsn;             /* postgres */
 	int pool_size;               /* postgres */
 	/*

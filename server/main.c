@@ -305,6 +305,7 @@ main(int argc, char **argv)
 
 	dcfg.data_dir = cfg.data_dir;
 	dcfg.fsync_mode = cfg.fsync;
+	dcfg.log_level = cfg.log_level;
 	dcfg.dsn = cfg.dsn;
 	dcfg.pool_size = cfg.pool_size;
 	dcfg.max_sessions_per_tenant = cfg.max_sessions_per_tenant;

@@ -441,7 +441,7 @@ hf_compact(hf_driver *d, int force)
 	/* The snapshot is durable: the older files are garbage now, and a
 	 * failure to remove them only leaves them for the next start. */
 	if (rc == 0 && hf_remove_before(d, gen))
-		hf_log_line("warn", "file driver: cannot remove obsolete files",
+		hf_log_line(d, HF_LOG_WARN, "file driver: cannot remove obsolete files",
 			    "dir", d->dir, "error", histd_error_message(), NULL);
 
 	pthread_rwlock_wrlock(&d->lock);
@@ -460,7 +460,7 @@ unlock:
 	if (rc == 0 && d->compactions && size) {
 		snprintf(g, sizeof(g), "%llu", (unsigned long long)d->gen);
 		snprintf(b, sizeof(b), "%llu", (unsigned long long)size);
-		hf_log_line("info", "file driver: compacted", "dir", d->dir,
+		hf_log_line(d, HF_LOG_INFO, "file driver: compacted", "dir", d->dir,
 			    "generation", g, "snapshot_bytes", b, NULL);
 	}
 	pthread_mutex_unlock(&d->compact_mu);
@@ -488,7 +488,7 @@ maint_main(void *arg)
 		rc = hf_compact(d, 0);
 		pthread_mutex_lock(&d->maint_mu);
 		if (rc && !d->maint_stop) {
-			hf_log_line("warn", "file driver: compaction failed; retrying later",
+			hf_log_line(d, HF_LOG_WARN, "file driver: compaction failed; retrying later",
 				    "dir", d->dir, "error", histd_error_message(), NULL);
 			d->maint_next_us = mono_us() + RETRY_US;
 		}

@@ -1295,7 +1295,7 @@ log_stats(hf_driver *d)
 	snprintf(v[7], sizeof(v[7]), "%llu", (unsigned long long)st.open_us);
 	snprintf(v[8], sizeof(v[8]), "%llu", (unsigned long long)st.sync_us);
 	snprintf(v[9], sizeof(v[9]), "%llu", (unsigned long long)st.gather_us);
-	hf_log_line("info", "file driver closed", "dir", d->dir,
+	hf_log_line(d, HF_LOG_INFO, "file driver closed", "dir", d->dir,
 		    "records", v[0], "appends", v[1], "batches", v[2],
 		    "fsyncs", v[3], "appends_per_fsync", v[4], "bytes", v[5],
 		    "compactions", v[6], "open_us", v[7], "sync_us", v[8],
@@ -1401,13 +1401,17 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 	enum hf_fsync mode = HF_FSYNC_BATCH;
 	hf_driver *d;
 	uint64_t gen = 0, size = 0;
-	int rc, fd = -1;
+	int rc, level, fd = -1;
 
 	if (!cfg || !cfg->data_dir || !*cfg->data_dir)
 		return histd_error_set(HISTD_EINVALID,
 				       "data_dir is required by the file driver");
 	if ((rc = parse_mode(cfg->fsync_mode, &mode)))
 		return rc;
+	if ((level = hf_log_level_parse(cfg->log_level)) < 0)
+		return histd_error_set(HISTD_EINVALID,
+				       "log level must be debug, info, warn or error (got '%s')",
+				       cfg->log_level);
 	if (!(d = calloc(1, sizeof(*d))))
 		return enomem();
 	d->base = (histd_driver){
@@ -1439,6 +1443,7 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 	d->max_bytes = cfg->max_session_bytes;
 	d->dirfd = d->lockfd = -1;
 	d->mode = mode;
+	d->log_level = (enum hf_log_level)level;
 	if (opt)
 		d->opt = *opt;
 	else

@@ -75,8 +75,25 @@ hf_sync_dir(hf_driver *d)
 	return 0;
 }
 
+static const char *const level_names[] = {
+	[HF_LOG_DEBUG] = "debug", [HF_LOG_INFO] = "info",
+	[HF_LOG_WARN] = "warn", [HF_LOG_ERROR] = "error",
+};
+
+int
+hf_log_level_parse(const char *s)
+{
+	if (!s || !*s)
+		return HF_LOG_INFO;
+	for (int i = HF_LOG_DEBUG; i <= HF_LOG_ERROR; i++)
+		if (strcmp(s, level_names[i]) == 0)
+			return i;
+	return -1;
+}
+
 void
-hf_log_line(const char *level, const char *msg, ...)
+hf_log_line(const hf_driver *d, enum hf_log_level level, const char *msg,
+	    ...)
 {
 	char line[1024];
 	size_t n;
@@ -84,6 +101,8 @@ hf_log_line(const char *level, const char *msg, ...)
 	struct tm tm;
 	va_list ap;
 
+	if (level < d->log_level)
+		return;
 	/* histd's log format (server/log.h), which the driver cannot link:
 	 * drivers depend on nothing but proto. Values here are paths and
 	 * numbers, never conversation text; quotes are escaped anyway. */
@@ -94,7 +113,7 @@ hf_log_line(const char *level, const char *msg, ...)
 			     "\"level\":\"%s\",\"msg\":\"%s\"",
 			     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
 			     tm.tm_hour, tm.tm_min, tm.tm_sec,
-			     ts.tv_nsec / 1000000, level, msg);
+			     ts.tv_nsec / 1000000, level_names[level], msg);
 	va_start(ap, msg);
 	for (;;) {
 		const char *k = va_arg(ap, const char *), *v;

@@ -221,6 +221,9 @@ hf_mapping *hf_mapping_open(hf_driver *d, int fd, size_t len);
 void hf_mapping_sweep(hf_driver *d);
 void hf_mapping_close_all(hf_driver *d);
 
+/* Levels of hf_log_line, least severe first, as histd's --log-level. */
+enum hf_log_level { HF_LOG_DEBUG, HF_LOG_INFO, HF_LOG_WARN, HF_LOG_ERROR };
+
 enum hf_fsync { HF_FSYNC_ALWAYS, HF_FSYNC_BATCH, HF_FSYNC_NEVER };
 
 struct hf_driver {
@@ -229,6 +232,7 @@ struct hf_driver {
 	int dirfd;
 	int lockfd;
 	enum hf_fsync mode;
+	enum hf_log_level log_level;    /* hf_log_line writes from this up */
 	histd_file_options opt;
 
 	/* Guards everything below it but the counters marked otherwise. */
@@ -450,10 +454,12 @@ int hf_log_create(hf_driver *d, uint64_t gen);
 int hf_write_all(int fd, const void *p, size_t n);
 int hf_pwrite_all(int fd, const void *p, size_t n, uint64_t off);
 int hf_sync_dir(hf_driver *d);
-/* One JSON line on stderr, in histd's log format. kv: NULL-terminated
- * key, value pairs. */
-void hf_log_line(const char *level, const char *msg, ...)
-	__attribute__((sentinel));
+/* Parses a level name (NULL or "" is info); -1 if it is none. */
+int hf_log_level_parse(const char *s);
+/* One JSON line on stderr, in histd's log format, unless level is below
+ * the driver's (cfg->log_level). kv: NULL-terminated key, value pairs. */
+void hf_log_line(const hf_driver *d, enum hf_log_level level,
+		 const char *msg, ...) __attribute__((sentinel));
 
 /* ---------------------------------------------------------------------- */
 /* Search (search.c)                                                       */

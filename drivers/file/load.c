@@ -749,7 +749,7 @@ truncate_tail(replay *r, int fd, uint64_t off, uint64_t size)
 		return 0;       /* an empty file: nothing was cut */
 	snprintf(o, sizeof(o), "%llu", (unsigned long long)off);
 	snprintf(n, sizeof(n), "%llu", (unsigned long long)(size - off));
-	hf_log_line("warn", "file driver: truncated a torn record at the end of the log",
+	hf_log_line(r->d, HF_LOG_WARN, "file driver: truncated a torn record at the end of the log",
 		    "file", r->path, "offset", o, "bytes", n, NULL);
 	return 0;
 }

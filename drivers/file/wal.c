@@ -216,7 +216,7 @@ log_error(hf_wal *w, const char *what, int err)
 		 "storage failed (%s: %s); writes are not acknowledged until histd restarts",
 		 what, strerror(err));
 	snprintf(g, sizeof(g), "%llu", (unsigned long long)w->gen);
-	hf_log_line("error", "file driver: log write failed", "dir", w->d->dir,
+	hf_log_line(w->d, HF_LOG_ERROR, "file driver: log write failed", "dir", w->d->dir,
 		    "generation", g, "error", strerror(err), NULL);
 	return -1;
 }

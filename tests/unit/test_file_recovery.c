@@ -752,9 +752,74 @@ bad_options_are_refused(void **state)
 
 	(void)state;
 	assert_int_equal(histd_driver_open("file", &cfg, &d), HISTD_EINVALID);
+	cfg = (histd_driver_config){ .data_dir = "/tmp/x", .log_level = "loud" };
+	assert_int_equal(histd_driver_open("file", &cfg, &d), HISTD_EINVALID);
+	assert_non_null(strstr(histd_error_message(), "got 'loud'"));
 	cfg = (histd_driver_config){ 0 };
 	assert_int_equal(histd_driver_open("file", &cfg, &d), HISTD_EINVALID);
 	assert_null(d);
+}
+
+/* Opens and closes the driver on dir at log level `level` with stderr
+ * sent to a file; returns what the driver wrote there. */
+static char *
+driver_lines(const char *dir, const char *level)
+{
+	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "never",
+				    .log_level = level };
+	histd_driver *d = NULL;
+	char path[512];
+	uint8_t *p;
+	size_t len;
+	int fd, saved, rc;
+
+	path_in(path, sizeof(path), dir, "stderr.txt");
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	assert_true(fd >= 0);
+	fflush(stderr);
+	saved = dup(STDERR_FILENO);
+	assert_true(saved >= 0);
+	assert_int_equal(dup2(fd, STDERR_FILENO), STDERR_FILENO);
+	rc = histd_driver_open("file", &cfg, &d);
+	if (rc == 0)
+		histd_driver_close(d);
+	fflush(stderr);
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	close(fd);
+	assert_int_equal(rc, 0);
+	p = read_file(path, &len);
+	p = realloc(p, len + 1);
+	assert_non_null(p);
+	p[len] = 0;
+	unlink(path);
+	return (char *)p;
+}
+
+/* The driver's own lines follow histd's --log-level: "file driver
+ * closed" is info, shown at info and debug, not at warn or error. */
+static void
+log_level_filters_driver_lines(void **state)
+{
+	static const struct { const char *level; int shown; } cases[] = {
+		{ NULL, 1 }, { "debug", 1 }, { "info", 1 }, { "warn", 0 },
+		{ "error", 0 },
+	};
+	char *dir = tmpdir_new();
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char *out = driver_lines(dir, cases[i].level);
+		int shown = strstr(out, "\"msg\":\"file driver closed\"") != NULL;
+
+		free(out);
+		if (shown != cases[i].shown)
+			fail_msg("log level %s: the info line was %s",
+				 cases[i].level ? cases[i].level : "(none)",
+				 shown ? "written" : "not written");
+	}
+	rm_rf(dir);
+	free(dir);
 }
 
 static void
@@ -1037,6 +1102,7 @@ main(void)
 		cmocka_unit_test(corrupted_snapshot_refuses_to_open),
 		cmocka_unit_test(second_open_of_a_data_directory_is_unavailable),
 		cmocka_unit_test(bad_options_are_refused),
+		cmocka_unit_test(log_level_filters_driver_lines),
 		cmocka_unit_test(leftover_snapshot_tmp_is_removed),
 		cmocka_unit_test(embeddings_survive_reopen_and_compaction),
 		cmocka_unit_test(kill_during_compaction_loses_nothing_acknowledged),
