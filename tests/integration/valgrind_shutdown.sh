@@ -2,9 +2,9 @@
 # histd under valgrind, on the memory and the file driver:
 #   valgrind_shutdown.sh HISTD HISTCTL
 # Each server is driven through histctl over a real channel: sessions,
-# appends with tool calls, both views, Export and Import, Reduce, Fork
-# by resolve, errors, and a live Subscribe (tail -f) that is still open
-# when SIGTERM arrives. Passes when histd exits 0 and valgrind finds no
+# appends with tool calls, both views, Export and Import, Reduce,
+# resolve, errors, and a live Subscribe (tail -f); SIGTERM arrives with
+# the Subscribe open and a loop of Appends running. Passes when histd exits 0 and valgrind finds no
 # memory error and nothing definitely, indirectly or possibly lost; the
 # stream must have received the live message and then ended with
 # UNAVAILABLE; and at --log-level warn, histd (its drivers included)
@@ -14,7 +14,9 @@ histd=$1 histctl=$2
 dir=$(mktemp -d)
 pid=
 tailpid=
+loadpid=
 cleanup() {
+	[ -n "$loadpid" ] && kill "$loadpid" 2>/dev/null || true
 	[ -n "$tailpid" ] && kill "$tailpid" 2>/dev/null || true
 	[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
 	rm -rf "$dir"
@@ -51,7 +53,17 @@ serving() {
 }
 
 ended() {
-	! kill -0 "$tailpid" 2>/dev/null
+	! kill -0 "$1" 2>/dev/null
+}
+
+# Appends until one fails (the server went away).
+load() {
+	n=0
+	while "$histctl" --target "127.0.0.1:$port" --timeout 30 append a \
+		"load $n" >/dev/null 2>&1; do
+		n=$((n + 1))
+		echo "$n" >"$dir/load.count"
+	done
 }
 
 # ctl ARGS...: must succeed; its output is left in $dir/cmd.out.
@@ -119,20 +131,26 @@ run() {
 	wait_until "the Subscribe did not deliver the live message" \
 		grep -q "live message" "$dir/tail.out"
 
+	rm -f "$dir/load.count"
+	load &
+	loadpid=$!
+	wait_until "the Append loop did not start" test -s "$dir/load.count"
 	kill -TERM "$pid"
 	rc=0
 	wait "$pid" || rc=$?
 	pid=
 	[ $rc -eq 0 ] || fail "histd under valgrind exited $rc (99: valgrind found errors)"
-	wait_until "the Subscribe stream did not end" ended
+	wait_until "the Subscribe stream did not end" ended "$tailpid"
 	tailpid=
+	wait_until "the Append loop did not end" ended "$loadpid"
+	loadpid=
 	grep -q "UNAVAILABLE" "$dir/tail.out" ||
 		fail "the Subscribe stream did not end with UNAVAILABLE"
 	grep -q "ERROR SUMMARY: 0 errors" "$dir/valgrind.log" ||
 		fail "valgrind reported errors"
 	! grep -q '"level":"info"' "$dir/histd.err" ||
 		fail "an info line was written at --log-level warn"
-	echo "$driver: exit 0 under valgrind; $(grep -o 'definitely lost: .*' "$dir/valgrind.log" || echo 'no leaks in use at exit')"
+	echo "$driver: exit 0 under valgrind after $(cat "$dir/load.count") Appends of the loop; $(grep -o 'definitely lost: .*' "$dir/valgrind.log" || echo 'no leaks in use at exit')"
 }
 
 run memory
