@@ -1,6 +1,9 @@
 #!/bin/sh
 # histd under valgrind, on the memory and the file driver:
 #   valgrind_shutdown.sh HISTD HISTCTL
+# or on the postgres driver, in a database of its own on the pg fixture's
+# cluster (tests/pg/pgtest.sh):
+#   valgrind_shutdown.sh HISTD HISTCTL postgres PGTEST.SH STATE
 # Each server is driven through histctl over a real channel: sessions,
 # appends with tool calls, both views, Export and Import, Reduce,
 # resolve, errors, and a live Subscribe (tail -f); SIGTERM arrives with
@@ -10,15 +13,18 @@
 # UNAVAILABLE; and at --log-level warn, histd (its drivers included)
 # writes no info line.
 set -eu
-histd=$1 histctl=$2
+histd=$1 histctl=$2 only=${3:-}
 dir=$(mktemp -d)
 pid=
 tailpid=
 loadpid=
+db=
+psql=
 cleanup() {
 	[ -n "$loadpid" ] && kill "$loadpid" 2>/dev/null || true
 	[ -n "$tailpid" ] && kill "$tailpid" 2>/dev/null || true
-	[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
+	[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+	[ -n "$db" ] && $psql -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1
 	rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -83,13 +89,15 @@ ctl_fails() {
 	grep -q "$want" "$dir/cmd.out" || fail "histctl $*: expected $want"
 }
 
+# run DRIVER [ARGS...]: one server under valgrind, ARGS for its driver.
 run() {
 	driver=$1
+	shift
 	rm -rf "$dir/data" "$dir/port" "$dir/tail.out" "$dir/histd.err"
 	valgrind --leak-check=full --show-leak-kinds=definite,indirect,possible \
 		--errors-for-leak-kinds=definite,indirect,possible \
 		--error-exitcode=99 --log-file="$dir/valgrind.log" \
-		"$histd" --auth-disabled --driver "$driver" --data-dir "$dir/data" \
+		"$histd" --auth-disabled --driver "$driver" "$@" \
 		--listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn \
 		2>"$dir/histd.err" &
 	pid=$!
@@ -153,5 +161,23 @@ run() {
 	echo "$driver: exit 0 under valgrind after $(cat "$dir/load.count") Appends of the loop; $(grep -o 'definitely lost: .*' "$dir/valgrind.log" || echo 'no leaks in use at exit')"
 }
 
-run memory
-run file
+case "$only" in
+"")
+	run memory
+	run file --data-dir "$dir/data"
+	;;
+postgres)
+	pgtest=$4 state=$5
+	dsn=$(sh "$pgtest" dsn "$state")
+	[ -n "$dsn" ] || { echo "no PostgreSQL cluster in $state" >&2; exit 1; }
+	psql="$(sh "$pgtest" bin)/psql -X -q -d postgres -h $(sed -n 's/^dir=//p' "$state") -p $(sed -n 's/^port=//p' "$state") -U histd"
+	db=valgrind_$$
+	$psql -c "CREATE DATABASE $db" >/dev/null
+	run postgres --dsn "$(echo "$dsn" | sed "s/dbname=[^ ]*/dbname=$db/")" \
+		--pool-size 2
+	;;
+*)
+	echo "usage: valgrind_shutdown.sh HISTD HISTCTL [postgres PGTEST.SH STATE]" >&2
+	exit 2
+	;;
+esac
