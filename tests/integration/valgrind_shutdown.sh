@@ -7,11 +7,11 @@
 # Each server is driven through histctl over a real channel: sessions,
 # appends with tool calls, both views, Export and Import, Reduce,
 # resolve, errors, and a live Subscribe (tail -f); SIGTERM arrives with
-# the Subscribe open and a loop of Appends running. Passes when histd exits 0 and valgrind finds no
-# memory error and nothing definitely, indirectly or possibly lost; the
-# stream must have received the live message and then ended with
-# UNAVAILABLE; and at --log-level warn, histd (its drivers included)
-# writes no info line.
+# the Subscribe open and a loop of Appends running. Passes when histd
+# exits 0 and valgrind finds no memory error and nothing definitely,
+# indirectly or possibly lost; the stream must have received the live
+# message and then ended with UNAVAILABLE; and at --log-level warn,
+# histd (its drivers included) writes no info line.
 set -eu
 histd=$1 histctl=$2 only=${3:-}
 dir=$(mktemp -d)
