@@ -986,6 +986,13 @@ histd_records_reserve(histd_records *l, const histd_read *q,
 				   q->frame_slack);
 }
 
+int
+histd_read_known(const histd_read *q, uint64_t revision, int64_t created_us)
+{
+	return q->known_revision && q->known_revision == revision &&
+	       q->known_created_us == created_us;
+}
+
 uint8_t *
 histd_records_take_wire(histd_records *l, size_t slack, size_t *len)
 {

@@ -675,6 +675,11 @@ int histd_records_frame(histd_records *l, uint32_t field, size_t n,
  * 0 or ENOMEM. */
 int histd_records_reserve(histd_records *l, const histd_read *q,
 			  const histd_record *src, size_t n);
+/* 1 if read q may leave out the session and summary of a session now at
+ * `revision`, created at created_us (q->known_revision): the caller holds
+ * them. */
+int histd_read_known(const histd_read *q, uint64_t revision,
+		     int64_t created_us);
 /* The framed buffer, if it holds every record of l with at least `slack`
  * bytes spare after them (else NULL, and l keeps it), handed to the
  * caller (free it); *len is the bytes used. Records still point into it:

@@ -896,8 +896,7 @@ fd_read(histd_driver *dd, const histd_read *q, histd_read_result *res)
 				      r->data, r->len))
 			goto oom;
 	}
-	if (q->known_revision && q->known_revision == s->revision &&
-	    q->known_created_us == s->created_at_us)
+	if (histd_read_known(q, s->revision, s->created_at_us))
 		res->known = 1;
 	else if (q->want_session && !(res->session = hf_session_export(s)))
 		goto oom;

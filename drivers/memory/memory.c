@@ -1685,8 +1685,7 @@ mem_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 					    r->data, r->len)))
 			goto out;
 	}
-	if (q->known_revision && q->known_revision == s->revision &&
-	    q->known_created_us == s->created_at_us) {
+	if (histd_read_known(q, s->revision, s->created_at_us)) {
 		res->known = 1;
 	} else if (q->want_session &&
 		   !(res->session = session_export(s, q->tenant))) {
