@@ -16,6 +16,7 @@
 #include <sched.h>
 #include <setjmp.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -905,6 +906,7 @@ typedef struct race {
 	pthread_t th[16];
 	size_t n;
 	atomic_size_t arrived;
+	atomic_bool abandoned;	/* a thread did not start: gates stay open */
 } race;
 
 static void race_gate(race *r, size_t round)
@@ -912,7 +914,8 @@ static void race_gate(race *r, size_t round)
 	size_t open_at = (round + 1) * r->n, spins = 0;
 
 	atomic_fetch_add(&r->arrived, 1);
-	while (atomic_load(&r->arrived) < open_at)
+	while (atomic_load(&r->arrived) < open_at &&
+	       !atomic_load(&r->abandoned))
 		if (++spins % 1024 == 0)
 			sched_yield();
 }
@@ -920,16 +923,28 @@ static void race_gate(race *r, size_t round)
 static void race_run(race *r, size_t n, void *(*fn)(void *), void *args,
 		     size_t arg_size)
 {
-	size_t i;
+	size_t i, started;
+	int rc = 0;
 
 	assert_true(n <= N_OF(r->th));
 	r->n = n;
 	atomic_init(&r->arrived, 0);
-	for (i = 0; i < n; i++)
-		assert_int_equal(pthread_create(&r->th[i], NULL, fn,
-						(char *)args + i * arg_size), 0);
-	for (i = 0; i < n; i++)
+	atomic_init(&r->abandoned, false);
+	for (started = 0; started < n; started++) {
+		rc = pthread_create(&r->th[started], NULL, fn,
+				    (char *)args + started * arg_size);
+		if (rc != 0)
+			break;
+	}
+	/* If one did not start, the others would wait at the gate for ever
+	 * (and outlive args): open it, let them finish, then fail. */
+	if (started < n)
+		atomic_store(&r->abandoned, true);
+	for (i = 0; i < started; i++)
 		pthread_join(r->th[i], NULL);
+	if (started < n)
+		fail_msg("pthread_create of racer %zu of %zu: %s", started, n,
+			 strerror(rc));
 }
 
 /* ---------------------------------------------------------------------- */

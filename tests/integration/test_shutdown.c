@@ -153,9 +153,19 @@ static void sigterm_under_load_drains_and_exits_zero(void **state)
 		wc[i] = harness_client(p);
 		w[i] = (writer){ .client = wc[i], .session_id = id,
 				 .stop = &stop };
-		assert_int_equal(pthread_create(&w[i].thread, NULL,
-						writer_main, &w[i]),
-				 0);
+		int err = pthread_create(&w[i].thread, NULL, writer_main, &w[i]);
+		if (err != 0) {
+			/* The started threads use this frame: stop them and
+			 * the server (which ends the subscriber's stream)
+			 * before failing. */
+			stop = 1;
+			for (int j = 0; j < i; j++)
+				pthread_join(w[j].thread, NULL);
+			harness_signal_wait(p, SIGTERM, (GRACE_S + 10) * 1000);
+			pthread_join(l.thread, NULL);
+			fail_msg("pthread_create of writer %d: %s", i,
+				 strerror(err));
+		}
 	}
 	sleep_ms(1500);
 

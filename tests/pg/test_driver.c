@@ -31,6 +31,7 @@
 #include "histd_wire.h"
 #include "pg.h"
 #include "pgharness.h"
+#include "start_gate.h"
 
 static const char *cluster;
 
@@ -210,9 +211,11 @@ replicas_starting_together_migrate_once(void **state)
 	fixture *f = *state;
 	pthread_t th[6];
 	void *why[6];
+	int rc;
 
-	for (int i = 0; i < 6; i++)
-		assert_int_equal(pthread_create(&th[i], NULL, open_close, f->dsn), 0);
+	rc = start_threads(th, 6, open_close, f->dsn, 0, NULL);
+	if (rc != 0)
+		fail_msg("pthread_create: %s", strerror(rc));
 
 	/* All joined before any assertion, which would leave them running. */
 	for (int i = 0; i < 6; i++)
@@ -310,6 +313,7 @@ concurrent_appends_share_commits(void **state)
 	pthread_t th[CALLERS];
 	appender ap[CALLERS];
 	long txns;
+	int rc;
 
 	f->d = open_driver(f->dsn, 16);
 	for (int i = 0; i < CALLERS; i++) {
@@ -318,8 +322,9 @@ concurrent_appends_share_commits(void **state)
 		if (i < 4)
 			create(f->d, ap[i].id);
 	}
-	for (int i = 0; i < CALLERS; i++)
-		assert_int_equal(pthread_create(&th[i], NULL, append_many, &ap[i]), 0);
+	rc = start_threads(th, CALLERS, append_many, ap, sizeof(ap[0]), NULL);
+	if (rc != 0)
+		fail_msg("pthread_create: %s", strerror(rc));
 	for (int i = 0; i < CALLERS; i++)
 		pthread_join(th[i], NULL);
 	for (int i = 0; i < CALLERS; i++)
@@ -598,6 +603,7 @@ second_instance_gets_every_change_of_the_first_in_order(void **state)
 	histd_session *upd = NULL;
 	pthread_t th[4];
 	appender ap[4];
+	int rc;
 	const enum histd_change_kind tail[] = {
 		HISTD_CHANGE_CLEARED, HISTD_CHANGE_SUMMARY, HISTD_CHANGE_UPDATED,
 		HISTD_CHANGE_DELETED,
@@ -612,8 +618,10 @@ second_instance_gets_every_change_of_the_first_in_order(void **state)
 	for (int i = 0; i < 4; i++) {
 		ap[i] = (appender){ .d = f->d, .n = 25 };
 		snprintf(ap[i].id, sizeof(ap[i].id), "s");
-		assert_int_equal(pthread_create(&th[i], NULL, append_many, &ap[i]), 0);
 	}
+	rc = start_threads(th, 4, append_many, ap, sizeof(ap[0]), NULL);
+	if (rc != 0)
+		fail_msg("pthread_create: %s", strerror(rc));
 	for (int i = 0; i < 4; i++)
 		pthread_join(th[i], NULL);
 	for (int i = 0; i < 4; i++)
@@ -1058,7 +1066,7 @@ open_limited(const char *dsn, uint64_t sessions, uint64_t msgs)
 typedef struct creator {
 	histd_driver *d;
 	int id;
-	pthread_barrier_t *go;
+	start_gate *go;
 	int ok, limited, other;
 	char error[160];
 } creator;
@@ -1089,7 +1097,7 @@ create_three(void *arg)
 	for (int i = 0; i < 3; i++)
 		snprintf(id[i], sizeof(id[i]), "c%d-%d", c->id, i);
 	snprintf(key, sizeof(key), "k%d", c->id);
-	pthread_barrier_wait(c->go);
+	start_gate_wait(c->go);
 	in.id = id[0];
 	count_result(c, histd_driver_session_create(c->d, &in, &out),
 		     "the limit is 5");
@@ -1119,18 +1127,19 @@ sessions_per_tenant_limit_holds_for_creates_racing_on_two_instances(void **state
 	histd_driver *d2;
 	pthread_t th[THREADS];
 	creator c[THREADS];
-	pthread_barrier_t go;
-	int ok = 0, limited = 0;
+	start_gate go;
+	int ok = 0, limited = 0, rc;
 
 	f->d = open_limited(f->dsn, LIMIT, 0);
 	d2 = open_limited(f->dsn, LIMIT, 0);
 	create(f->d, "base");
 	assert_int_equal(append_text(f->d, "base", "forked", NULL), 0);
-	pthread_barrier_init(&go, NULL, THREADS);
-	for (int i = 0; i < THREADS; i++) {
+	start_gate_init(&go, THREADS);
+	for (int i = 0; i < THREADS; i++)
 		c[i] = (creator){ .d = i % 2 ? d2 : f->d, .id = i, .go = &go };
-		assert_int_equal(pthread_create(&th[i], NULL, create_three, &c[i]), 0);
-	}
+	rc = start_threads(th, THREADS, create_three, c, sizeof(c[0]), &go);
+	if (rc != 0)
+		fail_msg("pthread_create: %s", strerror(rc));
 	for (int i = 0; i < THREADS; i++) {
 		pthread_join(th[i], NULL);
 		if (c[i].other)
@@ -1138,7 +1147,7 @@ sessions_per_tenant_limit_holds_for_creates_racing_on_two_instances(void **state
 		ok += c[i].ok;
 		limited += c[i].limited;
 	}
-	pthread_barrier_destroy(&go);
+	start_gate_destroy(&go);
 	assert_int_equal(ok, LIMIT - 1);
 	assert_int_equal(limited, 3 * THREADS - (LIMIT - 1));
 	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM sessions"), LIMIT);
@@ -1201,10 +1210,11 @@ session_size_limit_holds_for_appends_racing_on_two_instances(void **state)
 	f->d = open_limited(f->dsn, 0, LIMIT);
 	d2 = open_limited(f->dsn, 0, LIMIT);
 	create(f->d, "s");
-	for (int i = 0; i < THREADS; i++) {
+	for (int i = 0; i < THREADS; i++)
 		z[i] = (sizer){ .d = i % 2 ? d2 : f->d, .id = i, .n = EACH };
-		assert_int_equal(pthread_create(&th[i], NULL, append_sizes, &z[i]), 0);
-	}
+	rc = start_threads(th, THREADS, append_sizes, z, sizeof(z[0]), NULL);
+	if (rc != 0)
+		fail_msg("pthread_create: %s", strerror(rc));
 	for (int i = 0; i < THREADS; i++) {
 		pthread_join(th[i], NULL);
 		if (z[i].other)

@@ -26,6 +26,7 @@
 
 #include "harness.h"
 #include "pgharness.h"
+#include "start_gate.h"
 
 #define LIMIT 3
 
@@ -89,7 +90,7 @@ teardown(void **state)
 typedef struct creator {
 	histd_client *c;
 	int id;
-	pthread_barrier_t *go;
+	start_gate *go;
 	grpc_status_code code[3];
 	char details[3][160];
 } creator;
@@ -127,7 +128,7 @@ create_three(void *arg)
 	rr.n_context_keys = 1;
 	fr.session_id = "base";
 	fr.new_session_id = ta_printf(a, "f%d", k->id);
-	pthread_barrier_wait(k->go);
+	start_gate_wait(k->go);
 
 	t_call(k->c, "CreateSession", &cr, &histd__v1__session__descriptor, &s, &st);
 	keep(k, 0, &st);
@@ -192,25 +193,26 @@ creates_racing_through_both_replicas_never_pass_the_limit(void **state)
 	pair *p = *state;
 	pthread_t th[THREADS];
 	creator k[THREADS];
-	pthread_barrier_t go;
+	start_gate go;
 	Histd__V1__DeleteSessionRequest dr = HISTD__V1__DELETE_SESSION_REQUEST__INIT;
 	Histd__V1__DeleteSessionResponse *dresp = NULL;
 	histd_status st;
 	char details[160];
-	int ok = 0, exhausted = 0;
+	int ok = 0, exhausted = 0, rc;
 
 	/* One session to fork; two places left. */
 	free(t_create_session(p->ca, "base"));
 	assert_int_equal(t_append_texts(p->ca, "base", 2, "forked", 0, NULL),
 			 GRPC_STATUS_OK);
-	pthread_barrier_init(&go, NULL, THREADS);
-	for (int i = 0; i < THREADS; i++) {
+	start_gate_init(&go, THREADS);
+	for (int i = 0; i < THREADS; i++)
 		k[i] = (creator){ .c = i % 2 ? p->cb : p->ca, .id = i, .go = &go };
-		assert_int_equal(pthread_create(&th[i], NULL, create_three, &k[i]), 0);
-	}
+	rc = start_threads(th, THREADS, create_three, k, sizeof(k[0]), &go);
+	if (rc != 0)
+		fail_msg("pthread_create: %s", strerror(rc));
 	for (int i = 0; i < THREADS; i++)
 		pthread_join(th[i], NULL);
-	pthread_barrier_destroy(&go);
+	start_gate_destroy(&go);
 	for (int i = 0; i < THREADS; i++)
 		for (int j = 0; j < 3; j++) {
 			if (k[i].code[j] == GRPC_STATUS_OK) {

@@ -18,6 +18,7 @@
 
 #include "harness.h"
 #include "pgharness.h"
+#include "start_gate.h"
 
 static char *db;
 static histd_proc *A, *B;
@@ -210,13 +211,15 @@ subscribe_on_b_receives_every_message_appended_through_a(void **state)
 	writer w[WRITERS];
 	seen s = { .next_seq = 1 };
 	uint64_t last;
+	int rc;
 
 	(void)state;
 	st = t_subscribe(cB, sid, 0);
-	for (int i = 0; i < WRITERS; i++) {
+	for (int i = 0; i < WRITERS; i++)
 		w[i] = (writer){ .c = cA, .session = sid, .id = i, .appends = APPENDS };
-		assert_int_equal(pthread_create(&th[i], NULL, write_loop, &w[i]), 0);
-	}
+	rc = start_threads(th, WRITERS, write_loop, w, sizeof(w[0]), NULL);
+	if (rc != 0)
+		fail_msg("pthread_create: %s", strerror(rc));
 	/* All joined before any assertion, which would leave w behind. */
 	for (int i = 0; i < WRITERS; i++)
 		pthread_join(th[i], NULL);
@@ -242,6 +245,7 @@ subscriber_sees_appends_of_both_replicas_in_order(void **state)
 	writer w[WRITERS];
 	seen s = { .next_seq = 1 };
 	uint64_t last;
+	int rc;
 
 	(void)state;
 	st = t_subscribe(cA, sid, 0);
@@ -250,8 +254,10 @@ subscriber_sees_appends_of_both_replicas_in_order(void **state)
 		 * other: local and remote changes interleave. */
 		w[i] = (writer){ .c = i % 2 ? cB : cA, .session = sid, .id = i,
 				 .appends = APPENDS };
-		assert_int_equal(pthread_create(&th[i], NULL, write_loop, &w[i]), 0);
 	}
+	rc = start_threads(th, WRITERS, write_loop, w, sizeof(w[0]), NULL);
+	if (rc != 0)
+		fail_msg("pthread_create: %s", strerror(rc));
 	/* All joined before any assertion, which would leave w behind. */
 	for (int i = 0; i < WRITERS; i++)
 		pthread_join(th[i], NULL);
@@ -270,7 +276,7 @@ typedef struct racer {
 	histd_client *c;
 	const char *session;
 	uint64_t expected;
-	pthread_barrier_t *go;
+	start_gate *go;
 	grpc_status_code code;
 	char revision_trailer[32];
 } racer;
@@ -290,7 +296,7 @@ race(void *arg)
 	req.messages = tm_texts(a, 1, "race");
 	req.expected_revision = r->expected;
 	histd_status_init(&st);
-	pthread_barrier_wait(r->go);
+	start_gate_wait(r->go);
 	t_call(r->c, "Append", &req, &histd__v1__append_response__descriptor,
 	       &resp, &st);
 	r->code = st.code;
@@ -308,10 +314,9 @@ static void
 racing_expected_revision_lets_exactly_one_replica_win(void **state)
 {
 	char *sid = t_create_session(cA, "race");
-	pthread_barrier_t go;
+	start_gate go;
 
 	(void)state;
-	pthread_barrier_init(&go, NULL, 2);
 	for (int round = 0; round < 30; round++) {
 		Histd__V1__Session *s = t_get_session(round % 2 ? cB : cA, sid);
 		racer r[2] = {
@@ -320,13 +325,16 @@ racing_expected_revision_lets_exactly_one_replica_win(void **state)
 		};
 		pthread_t th[2];
 		uint64_t rev = s->revision;
-		int winner;
+		int winner, rc;
 
 		histd_client_message_free(&s->base);
-		for (int i = 0; i < 2; i++)
-			assert_int_equal(pthread_create(&th[i], NULL, race, &r[i]), 0);
+		start_gate_init(&go, 2);
+		rc = start_threads(th, 2, race, r, sizeof(r[0]), &go);
+		if (rc != 0)
+			fail_msg("pthread_create: %s", strerror(rc));
 		for (int i = 0; i < 2; i++)
 			pthread_join(th[i], NULL);
+		start_gate_destroy(&go);
 		if (!((r[0].code == GRPC_STATUS_OK && r[1].code == GRPC_STATUS_ABORTED) ||
 		      (r[1].code == GRPC_STATUS_OK && r[0].code == GRPC_STATUS_ABORTED)))
 			fail_msg("round %d: A %s, B %s", round,
@@ -337,7 +345,6 @@ racing_expected_revision_lets_exactly_one_replica_win(void **state)
 		assert_int_equal(strtoull(r[1 - winner].revision_trailer, NULL, 10),
 				 rev + 1);
 	}
-	pthread_barrier_destroy(&go);
 	assert_int_equal(last_seq_of(cB, sid), 30);
 	free(sid);
 }
