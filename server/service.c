@@ -261,10 +261,49 @@ new_uuid(char out[37])
 }
 
 /* ---------------------------------------------------------------------- */
+/* Field paths for errors                                                   */
+
+/* The field path walked so far, printed only when something is wrong. */
+struct walk {
+	const char *name[MAX_DEPTH];
+	long index[MAX_DEPTH];       /* -1: not a repeated field */
+	int depth;
+};
+
+static int
+walk_fail(const struct walk *w, const char *what)
+{
+	char path[512];
+	size_t n = 0;
+
+	path[0] = '\0';
+	for (int i = 0; i < w->depth && n < sizeof(path); i++) {
+		int k = snprintf(path + n, sizeof(path) - n, "%s%s",
+				 i ? "." : "", w->name[i]);
+
+		if (k > 0)
+			n += (size_t)k;
+		if (w->index[i] >= 0 && n < sizeof(path)) {
+			k = snprintf(path + n, sizeof(path) - n, "[%ld]",
+				     w->index[i]);
+			if (k > 0)
+				n += (size_t)k;
+		}
+	}
+	return histd_error_set(HISTD_EINVALID, "%s %s", path, what);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The bytes, before protobuf-c sees them.                                  */
 /* Nesting: protobuf-c unpacks recursively with no depth limit, so a small  */
 /* request nested some thousands of levels deep (a tool result in a tool    */
-/* result ...) overflows the stack. The bytes are scanned first, guided by  */
-/* the descriptors, iteratively within a level and at most MAX_DEPTH deep.  */
+/* result ...) overflows the stack.                                         */
+/* NUL: protobuf-c unpacks a string into a C string, which would end at a   */
+/* NUL character; the text after it would be acknowledged and then lost,   */
+/* and an id would be checked and used as its prefix. proto3 allows U+0000, */
+/* histd refuses it, naming the field.                                      */
+/* The bytes are scanned first, guided by the descriptors, iteratively      */
+/* within a level and at most MAX_DEPTH deep.                               */
 
 static size_t
 read_varint(const uint8_t *p, size_t avail, uint64_t *v)
@@ -281,57 +320,129 @@ read_varint(const uint8_t *p, size_t avail, uint64_t *v)
 	return 0;
 }
 
-/* 1 if the message in p nests deeper than MAX_DEPTH; 0 otherwise, also
- * when the bytes are malformed (protobuf-c then refuses them). */
+enum { SCAN_OK, SCAN_TOO_DEEP, SCAN_NUL };
+
+/* How many fields numbered `number` the message in p holds before offset
+ * end: the index of a repeated field's element, for the error's path. */
+static long
+index_of_field(const uint8_t *p, size_t end, uint64_t number)
+{
+	size_t i = 0;
+	long count = 0;
+
+	while (i < end) {
+		uint64_t key, v;
+		size_t n = read_varint(p + i, end - i, &key);
+
+		if (!n)
+			break;
+		i += n;
+		if ((key & 7) == 0) {
+			n = read_varint(p + i, end - i, &v);
+		} else if ((key & 7) == 2) {
+			n = read_varint(p + i, end - i, &v);
+			if (n && v <= end - i - n)
+				n += (size_t)v;
+			else
+				n = 0;
+		} else {
+			n = (key & 7) == 1 ? 8 : 4;
+		}
+		if (!n || n > end - i)
+			break;
+		i += n;
+		if ((key >> 3) == number)
+			count++;
+	}
+	return count;
+}
+
+/*
+ * SCAN_TOO_DEEP if the message in p nests deeper than MAX_DEPTH; SCAN_NUL
+ * if a string field holds a NUL character, with its path in w; SCAN_OK
+ * otherwise, also when the bytes are malformed (protobuf-c then refuses
+ * them).
+ */
 static int
-nests_too_deep(const ProtobufCMessageDescriptor *d, const uint8_t *p,
-	       size_t len, int depth)
+scan_request(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+	     size_t len, int depth, struct walk *w)
 {
 	size_t i = 0;
 
 	if (depth >= MAX_DEPTH)
-		return 1;
+		return SCAN_TOO_DEEP;
 	while (i < len) {
 		const ProtobufCFieldDescriptor *f;
 		uint64_t key, v;
-		size_t n = read_varint(p + i, len - i, &key);
+		size_t n = read_varint(p + i, len - i, &key), at = i;
+		int rc;
 
 		if (!n)
-			return 0;
+			return SCAN_OK;
 		i += n;
 		switch (key & 7) {
 		case 0:
 			if (!(n = read_varint(p + i, len - i, &v)))
-				return 0;
+				return SCAN_OK;
 			i += n;
 			break;
 		case 1:
 			if (len - i < 8)
-				return 0;
+				return SCAN_OK;
 			i += 8;
 			break;
 		case 5:
 			if (len - i < 4)
-				return 0;
+				return SCAN_OK;
 			i += 4;
 			break;
 		case 2:
 			if (!(n = read_varint(p + i, len - i, &v)) ||
 			    v > len - i - n)
-				return 0;
+				return SCAN_OK;
 			i += n;
 			f = (key >> 3) <= UINT32_MAX ?
 			    protobuf_c_message_descriptor_get_field(d,
 					(unsigned)(key >> 3)) : NULL;
-			if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
-			    nests_too_deep(f->descriptor, p + i, (size_t)v,
-					   depth + 1))
-				return 1;
+			rc = SCAN_OK;
+			if (f && f->type == PROTOBUF_C_TYPE_MESSAGE)
+				rc = scan_request(f->descriptor, p + i,
+						  (size_t)v, depth + 1, w);
+			else if (f && f->type == PROTOBUF_C_TYPE_STRING &&
+				 memchr(p + i, 0, (size_t)v)) {
+				rc = SCAN_NUL;
+				w->depth = depth + 1;
+			}
+			if (rc == SCAN_NUL) {
+				w->name[depth] = f->name;
+				w->index[depth] =
+					f->label == PROTOBUF_C_LABEL_REPEATED ?
+					index_of_field(p, at, key >> 3) : -1;
+			}
+			if (rc != SCAN_OK)
+				return rc;
 			i += (size_t)v;
 			break;
 		default:
-			return 0;
+			return SCAN_OK;
 		}
+	}
+	return SCAN_OK;
+}
+
+int
+histd_check_request_bytes(const ProtobufCMessageDescriptor *d,
+			  const uint8_t *p, size_t len)
+{
+	struct walk w = { .depth = 0 };
+
+	switch (scan_request(d, p, len, 0, &w)) {
+	case SCAN_TOO_DEEP:
+		return histd_error_set(HISTD_EINVALID,
+			"request nests messages deeper than %d levels",
+			MAX_DEPTH);
+	case SCAN_NUL:
+		return walk_fail(&w, "holds a NUL character");
 	}
 	return 0;
 }
@@ -391,36 +502,6 @@ utf8_valid(const unsigned char *p, size_t len)
 		i += n;
 	}
 	return 1;
-}
-
-/* The field path walked so far, printed only when something is wrong. */
-struct walk {
-	const char *name[MAX_DEPTH];
-	long index[MAX_DEPTH];       /* -1: not a repeated field */
-	int depth;
-};
-
-static int
-walk_fail(const struct walk *w, const char *what)
-{
-	char path[512];
-	size_t n = 0;
-
-	path[0] = '\0';
-	for (int i = 0; i < w->depth && n < sizeof(path); i++) {
-		int k = snprintf(path + n, sizeof(path) - n, "%s%s",
-				 i ? "." : "", w->name[i]);
-
-		if (k > 0)
-			n += (size_t)k;
-		if (w->index[i] >= 0 && n < sizeof(path)) {
-			k = snprintf(path + n, sizeof(path) - n, "[%ld]",
-				     w->index[i]);
-			if (k > 0)
-				n += (size_t)k;
-		}
-	}
-	return histd_error_set(HISTD_EINVALID, "%s %s", path, what);
 }
 
 static int walk_message(const ProtobufCMessage *m, struct walk *w);
@@ -2165,10 +2246,8 @@ histd_service_unary(histd_service *s, enum histd_method m,
 		return histd_error_set(HISTD_EPERM,
 			"%s needs write access; the caller is read-only",
 			histd_method_names[m]);
-	if (nests_too_deep(methods[m].request, req, len, 0))
-		return histd_error_set(HISTD_EINVALID,
-			"request nests messages deeper than %d levels",
-			MAX_DEPTH);
+	if ((rc = histd_check_request_bytes(methods[m].request, req, len)))
+		return rc;
 	msg = protobuf_c_message_unpack(methods[m].request, &alloc, len,
 					len ? req : (const uint8_t *)"");
 	if (!msg) {

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <protobuf-c/protobuf-c.h>
+
 #include "driver.h"
 
 enum histd_method {
@@ -109,6 +111,15 @@ const histd_service_config *histd_service_get_config(histd_service *s);
 int histd_service_unary(histd_service *s, enum histd_method m,
 			const histd_caller *who, const uint8_t *req,
 			size_t len, histd_reply *reply);
+
+/*
+ * Checks a request's bytes before they are unpacked: EINVALID if it nests
+ * messages too deeply (protobuf-c would recurse without limit) or a string
+ * field holds a NUL character (its C string would end there), naming the
+ * field. Malformed bytes pass: unpacking refuses them.
+ */
+int histd_check_request_bytes(const ProtobufCMessageDescriptor *d,
+			      const uint8_t *p, size_t len);
 
 /* Checks a session id: 1..128 characters of [A-Za-z0-9._:-]. EINVALID
  * naming `field` otherwise. */

@@ -198,7 +198,7 @@ histd_subscribe_begin(struct histd_call *c)
 	grpc_op op;
 	grpc_slice bytes;
 	histd_sub *sub = NULL;
-	int rc;
+	int replaced, rc;
 
 	/* Learn of cancellation, deadline and the end of the call. */
 	memset(&op, 0, sizeof(op));
@@ -213,6 +213,13 @@ histd_subscribe_begin(struct histd_call *c)
 
 	if (histd_call_request_bytes(c, &bytes) != 0) {
 		fail(c, histd_error_set(HISTD_EINVALID, "request has no message"));
+		return;
+	}
+	if ((rc = histd_check_request_bytes(&histd__v1__subscribe_request__descriptor,
+					    GRPC_SLICE_START_PTR(bytes),
+					    GRPC_SLICE_LENGTH(bytes))) != 0) {
+		grpc_slice_unref(bytes);
+		fail(c, rc);
 		return;
 	}
 	req = histd__v1__subscribe_request__unpack(NULL, GRPC_SLICE_LENGTH(bytes),
@@ -240,10 +247,19 @@ histd_subscribe_begin(struct histd_call *c)
 	q.after_seq = req->after_seq;
 	q.limit = s->cfg->replay_max + 1;
 	rc = histd_driver_read(histd_service_driver(s->svc), &q, &res);
-	/* Cleared after after_seq: the replay is one Replaced event holding
-	 * every stored message, also the system messages at or below
-	 * after_seq that a truncate (retention) kept. */
-	if (rc == 0 && res.cleared_to_seq > q.after_seq && q.after_seq > 0) {
+	/* Seqs are never reused: a subscriber past the last one holds another
+	 * session's seqs (one deleted and created again under the id). */
+	if (rc == 0 && req->after_seq > res.last_seq)
+		rc = histd_error_set(HISTD_EINVALID, "after_seq %" PRIu64
+				     " is past the session's last seq %" PRIu64,
+				     req->after_seq, res.last_seq);
+	/* Cleared at or after after_seq: the replay is one Replaced event
+	 * holding every stored message, also the system messages at or below
+	 * after_seq that a truncate (retention) kept. At after_seq equal to
+	 * cleared_to_seq the subscriber may have seen those seqs stored, so it
+	 * must learn they are gone. */
+	replaced = res.cleared_to_seq > 0 && res.cleared_to_seq >= q.after_seq;
+	if (rc == 0 && replaced && q.after_seq > 0) {
 		histd_read_result_clear(&res);
 		q.after_seq = 0;
 		rc = histd_driver_read(histd_service_driver(s->svc), &q, &res);
@@ -257,8 +273,7 @@ histd_subscribe_begin(struct histd_call *c)
 	if (rc == 0)
 		rc = histd_event_replay(req->session_id, res.revision,
 					&res.records,
-					res.cleared_to_seq > req->after_seq ||
-					q.after_seq < req->after_seq,
+					replaced,
 					res.cleared_to_seq, REPLAY_CHUNK,
 					&replay, &n_replay);
 	histd_read_result_clear(&res);

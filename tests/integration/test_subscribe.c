@@ -203,20 +203,27 @@ static void replay_after_clear_is_one_replaced_event(void **state)
 	uint64_t rev = ar->revision;
 	histd_client_message_free(&ar->base);
 
-	/* The subscriber last saw seq 3, which the Clear removed. */
-	histd_client_stream *s = t_subscribe(client, id, 3);
+	/* The subscriber last saw seq 3, which the Clear removed; or seq 5,
+	 * the last one it removed: both learn that they are gone. */
+	histd_client_stream *s = NULL;
 	int res;
-	Histd__V1__HistoryEvent *ev = t_next_event(s, 20000, &res);
-	assert_int_equal(res, HISTD_STREAM_MESSAGE);
-	assert_int_equal(ev->event_case,
-			 HISTD__V1__HISTORY_EVENT__EVENT_REPLACED);
-	assert_int_equal(ev->revision, rev);
-	assert_int_equal(ev->replaced->cleared_to_seq, 5);
-	assert_int_equal(ev->replaced->n_messages, 2);
-	assert_int_equal(ev->replaced->messages[0]->seq, 6);
-	assert_int_equal(ev->replaced->messages[1]->seq, 7);
-	assert_string_equal(tm_first_text(ev->replaced->messages[0]), "new 0");
-	histd_client_message_free(&ev->base);
+	for (uint64_t after = 3; after <= 5; after += 2) {
+		if (s)
+			histd_client_stream_close(s);
+		s = t_subscribe(client, id, after);
+		Histd__V1__HistoryEvent *ev = t_next_event(s, 20000, &res);
+		assert_int_equal(res, HISTD_STREAM_MESSAGE);
+		assert_int_equal(ev->event_case,
+				 HISTD__V1__HISTORY_EVENT__EVENT_REPLACED);
+		assert_int_equal(ev->revision, rev);
+		assert_int_equal(ev->replaced->cleared_to_seq, 5);
+		assert_int_equal(ev->replaced->n_messages, 2);
+		assert_int_equal(ev->replaced->messages[0]->seq, 6);
+		assert_int_equal(ev->replaced->messages[1]->seq, 7);
+		assert_string_equal(tm_first_text(ev->replaced->messages[0]),
+				    "new 0");
+		histd_client_message_free(&ev->base);
+	}
 
 	/* Then live, from seq 8. */
 	assert_int_equal(t_append_texts(client, id, 1, "live", 0, NULL),
@@ -226,6 +233,70 @@ static void replay_after_clear_is_one_replaced_event(void **state)
 	expect_silence(s, 200);
 	histd_client_stream_close(s);
 	histd_status_reset(&st);
+	free(id);
+}
+
+/* A Replace leaves the subscriber that saw every old message (after_seq
+ * equal to cleared_to_seq) one Replaced event, not the new messages as
+ * appended to the old. */
+static void resume_at_the_last_replaced_seq_gets_the_replaced_event(void **state)
+{
+	(void)state;
+	char *id = t_create_session(client, "resume-replace");
+	assert_int_equal(t_append_texts(client, id, 3, "old", 0, NULL),
+			 GRPC_STATUS_OK);
+	tarena *a = ta_new();
+	Histd__V1__ReplaceRequest rq = HISTD__V1__REPLACE_REQUEST__INIT;
+	Histd__V1__ReplaceResponse *rr = NULL;
+	histd_status st;
+	histd_status_init(&st);
+	rq.session_id = id;
+	rq.n_messages = 1;
+	rq.messages = tm_texts(a, 1, "x");
+	t_call(client, "Replace", &rq, &histd__v1__replace_response__descriptor,
+	       &rr, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_client_message_free(&rr->base);
+
+	histd_client_stream *s = t_subscribe(client, id, 3);
+	int res;
+	Histd__V1__HistoryEvent *ev = t_next_event(s, 20000, &res);
+	assert_int_equal(res, HISTD_STREAM_MESSAGE);
+	assert_int_equal(ev->event_case,
+			 HISTD__V1__HISTORY_EVENT__EVENT_REPLACED);
+	assert_int_equal(ev->replaced->cleared_to_seq, 3);
+	assert_int_equal(ev->replaced->n_messages, 1);
+	assert_int_equal(ev->replaced->messages[0]->seq, 4);
+	histd_client_message_free(&ev->base);
+	histd_client_stream_close(s);
+
+	/* Having seen seq 4, the new message: nothing to replay. */
+	s = t_subscribe(client, id, 4);
+	expect_silence(s, 200);
+	histd_client_stream_close(s);
+	histd_status_reset(&st);
+	ta_free(a);
+	free(id);
+}
+
+/* Seqs are never reused, so an after_seq past the last one belongs to
+ * another session (one deleted and created again under the id): the
+ * stream ends at once, rather than deliver seqs the caller thinks it has. */
+static void subscribe_past_the_last_seq_is_invalid(void **state)
+{
+	(void)state;
+	char *id = t_create_session(client, "past-the-end");
+	assert_int_equal(t_append_texts(client, id, 1, "one", 0, NULL),
+			 GRPC_STATUS_OK);
+	histd_client_stream *s = t_subscribe(client, id, 100);
+	int res;
+	assert_null(t_next_event(s, 20000, &res));
+	assert_int_equal(res, HISTD_STREAM_END);
+	assert_status(histd_client_stream_status(s),
+		      GRPC_STATUS_INVALID_ARGUMENT);
+	assert_non_null(strstr(histd_client_stream_status(s)->details,
+			       "after_seq 100 is past the session's last seq 1"));
+	histd_client_stream_close(s);
 	free(id);
 }
 
@@ -499,6 +570,8 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(replay_then_live_has_no_gap_or_duplicate_under_concurrent_appends),
 		cmocka_unit_test(replay_after_clear_is_one_replaced_event),
+		cmocka_unit_test(resume_at_the_last_replaced_seq_gets_the_replaced_event),
+		cmocka_unit_test(subscribe_past_the_last_seq_is_invalid),
 		cmocka_unit_test(every_kind_of_change_arrives_live_in_revision_order),
 		cmocka_unit_test(events_of_other_sessions_do_not_arrive),
 		cmocka_unit_test(timeout_then_the_stream_goes_on),

@@ -1888,6 +1888,54 @@ a_deeply_nested_request_is_refused_before_it_is_decoded(void **state)
 		   HISTD_EINVALID, "request nests messages deeper than");
 }
 
+/* Packs req, turns its one '#' into a NUL and calls m with the bytes. */
+static int
+call_with_a_nul(enum histd_method m, const void *req)
+{
+	size_t len;
+	uint8_t *buf = pack(req, &len), *hash = memchr(buf, '#', len);
+
+	assert_non_null(hash);
+	*hash = '\0';
+	return call_raw_on(svc, &alice, m, buf, len, NULL, NULL);
+}
+
+static void
+a_string_holding_a_nul_is_refused_naming_the_field(void **state)
+{
+	Histd__V1__Message *m[2];
+	Histd__V1__CreateSessionRequest c = HISTD__V1__CREATE_SESSION_REQUEST__INIT;
+	Histd__V1__GetSessionRequest g = HISTD__V1__GET_SESSION_REQUEST__INIT;
+	Histd__V1__GetMessagesResponse *r;
+
+	(void)state;
+	create("z");
+	/* The text after the NUL would have been lost once acknowledged. */
+	m[0] = user("fine");
+	m[1] = msg(USER, 2, b_text("ok"), b_text("hello#world"));
+	assert_err(call_with_a_nul(HISTD_M_APPEND, append_req("z", 2, m)),
+		   HISTD_EINVALID,
+		   "messages[1].content[1].text.text holds a NUL character");
+	m[1] = user("x");
+	m[1]->author = "bob#";
+	assert_err(call_with_a_nul(HISTD_M_APPEND, append_req("z", 2, m)),
+		   HISTD_EINVALID, "messages[1].author holds a NUL character");
+	r = read_raw("z", 0, 0, 0);
+	assert_int_equal(r->n_messages, 0);
+	/* An id would have been checked and used as its prefix. */
+	c.session_id = "nul#/../x";
+	assert_err(call_with_a_nul(HISTD_M_CREATE_SESSION, &c), HISTD_EINVALID,
+		   "session_id holds a NUL character");
+	g.session_id = "z#zz";
+	assert_err(call_with_a_nul(HISTD_M_GET_SESSION, &g), HISTD_EINVALID,
+		   "session_id holds a NUL character");
+	/* Bytes fields may hold any byte. */
+	m[1] = msg(USER, 2, b_text("see"), b_image(NULL, 4, "image/png"));
+	m[1]->content[1]->image->data.data[0] = '#';
+	assert_int_equal(call_with_a_nul(HISTD_M_APPEND, append_req("z", 2, m)),
+			 0);
+}
+
 static void
 reduce_export_and_import_check_their_input_and_rights(void **state)
 {
@@ -2042,6 +2090,7 @@ main(void)
 		T(another_tenants_session_is_not_found),
 		T(a_request_that_does_not_decode_is_invalid),
 		T(a_deeply_nested_request_is_refused_before_it_is_decoded),
+		T(a_string_holding_a_nul_is_refused_naming_the_field),
 		T(reduce_export_and_import_check_their_input_and_rights),
 		T(concurrent_appends_get_distinct_seqs),
 		T(service_refuses_missing_driver_and_zero_limits),
