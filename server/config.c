@@ -354,6 +354,27 @@ set_opt(histd_config *cfg, const struct opt *o, const char *val,
 	return 0;
 }
 
+/* gRPC takes a port above 65535 modulo 65536 and binds another one:
+ * anything but a unix socket must end in :0..65535. */
+static int
+listen_port_valid(const char *listen)
+{
+	const char *colon = strrchr(listen, ':');
+	unsigned long port = 0;
+	size_t digits = 0;
+
+	if (!strncmp(listen, "unix:", 5) || !strncmp(listen, "unix-abstract:", 14))
+		return 1;
+	if (!colon)
+		return 0;
+	for (const char *p = colon + 1; *p; p++, digits++) {
+		if (*p < '0' || *p > '9' || digits >= 5)
+			return 0;
+		port = port * 10 + (unsigned long)(*p - '0');
+	}
+	return digits > 0 && port <= 65535;
+}
+
 static const struct opt *
 find_flag(const char *name, size_t len)
 {
@@ -575,6 +596,12 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 	}
 	if (cfg->posted_calls < 1)
 		cfg->posted_calls = 1;
+	if (!listen_port_valid(cfg->listen)) {
+		fprintf(stderr, "histd: listen '%s' needs a port from 0 to "
+			"65535 (host:port, [v6]:port or unix:path)\n",
+			cfg->listen);
+		return -1;
+	}
 	if (!*cfg->api_keys_file && !cfg->auth_disabled) {
 		fprintf(stderr, "histd: no API keys: give --api-keys-file, or "
 			"--auth-disabled to serve without authentication\n");

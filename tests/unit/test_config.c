@@ -86,8 +86,28 @@ bad_input_is_refused(void **state)
 	char *no_auth[] = { "histd", "--listen", "127.0.0.1:0" };
 	char *both[] = { "histd", "--auth-disabled", "--api-keys-file", "/k" };
 	char *bad_bool[] = { "histd", "--auth-disabled=maybe" };
+	/* gRPC would bind port 99999 - 65536 = 34463. */
+	const char *bad_listen[] = { "127.0.0.1:99999", "127.0.0.1:65536",
+				     "127.0.0.1", "127.0.0.1:", "[::1]:8x",
+				     "h:000001" };
+	const char *good_listen[] = { "127.0.0.1:65535", "[::]:0",
+				      "unix:/tmp/histd.sock" };
 
 	(void)state;
+	for (size_t i = 0; i < sizeof(bad_listen) / sizeof(*bad_listen); i++) {
+		char *argv[] = { "histd", "--auth-disabled", "--listen",
+				 (char *)bad_listen[i] };
+
+		assert_int_equal(load(&cfg, 4, argv), -1);
+		histd_config_free(&cfg);
+	}
+	for (size_t i = 0; i < sizeof(good_listen) / sizeof(*good_listen); i++) {
+		char *argv[] = { "histd", "--auth-disabled", "--listen",
+				 (char *)good_listen[i] };
+
+		assert_int_equal(load(&cfg, 4, argv), 0);
+		histd_config_free(&cfg);
+	}
 	assert_int_equal(load(&cfg, 3, unknown), -1);
 	histd_config_free(&cfg);
 	assert_int_equal(load(&cfg, 3, negative), -1);
