@@ -11,9 +11,6 @@
 
 #define DEFAULT_K 10
 #define QUERY_MAX 4096
-#define LABEL_PAIRS_MAX 64
-#define LABEL_KEY_MAX 63
-#define LABEL_VALUE_MAX 256
 /* Reciprocal rank fusion's constant: 1 / (RRF_K + rank). */
 #define RRF_K 60.0
 /* Sessions listed per page when a semantic search gathers its scope. */
@@ -60,53 +57,6 @@ histd_search_session_embedding(const uint8_t *config, size_t len,
 
 /* ---------------------------------------------------------------------- */
 /* The request                                                             */
-
-static int
-kv_cmp(const void *a, const void *b)
-{
-	return strcmp(((const histd_kv *)a)->key, ((const histd_kv *)b)->key);
-}
-
-/* The label selector, checked and sorted by key (*out malloc'ed). */
-static int
-labels_collect(const Histd__V1__SearchRequest *r, histd_kv **out, size_t *n)
-{
-	histd_kv *kv;
-
-	*out = NULL;
-	*n = 0;
-	if (!r->n_label_selector)
-		return 0;
-	if (r->n_label_selector > LABEL_PAIRS_MAX)
-		return histd_error_set(HISTD_EINVALID,
-				       "label_selector has more than %d pairs",
-				       LABEL_PAIRS_MAX);
-	if (!(kv = malloc(r->n_label_selector * sizeof(*kv))))
-		return enomem();
-	for (size_t i = 0; i < r->n_label_selector; i++) {
-		const char *k = r->label_selector[i]->key;
-		const char *v = r->label_selector[i]->value;
-
-		if (!k[0] || strlen(k) > LABEL_KEY_MAX || strlen(v) > LABEL_VALUE_MAX) {
-			free(kv);
-			return histd_error_set(HISTD_EINVALID,
-					       "label_selector[%zu] needs a key of 1..%d "
-					       "bytes and a value of at most %d",
-					       i, LABEL_KEY_MAX, LABEL_VALUE_MAX);
-		}
-		kv[i] = (histd_kv){ .key = (char *)k, .value = (char *)v };
-	}
-	qsort(kv, r->n_label_selector, sizeof(*kv), kv_cmp);
-	for (size_t i = 1; i < r->n_label_selector; i++)
-		if (strcmp(kv[i - 1].key, kv[i].key) == 0) {
-			free(kv);
-			return histd_error_set(HISTD_EINVALID,
-					       "label_selector repeats a key");
-		}
-	*out = kv;
-	*n = r->n_label_selector;
-	return 0;
-}
 
 static int
 check_request(const Histd__V1__SearchRequest *r, histd_search_query *q)
@@ -474,7 +424,10 @@ histd_search_rpc(histd_driver *d, const char *tenant,
 	plan p = { 0 };
 	int rc;
 
-	if ((rc = check_request(r, &q)) || (rc = labels_collect(r, &labels, &q.n_labels)))
+	if ((rc = check_request(r, &q)) || (rc = histd_kv_collect(
+			(ProtobufCMessage *const *)r->label_selector,
+			r->n_label_selector, "label_selector", &labels,
+			&q.n_labels)))
 		return rc;
 	q.labels = labels;
 	if (r->session_id[0]) {

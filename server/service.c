@@ -608,15 +608,10 @@ kv_key_valid(const char *k)
 	return n > 0;
 }
 
-/*
- * Validates a map<string, string> of the request and returns its pairs
- * sorted by key, keys unique (a repeated key: the last one wins, as proto
- * maps say). The strings are borrowed from the request; *out is malloc'ed
- * (NULL when empty) and freed with free().
- */
-static int
-kv_collect(ProtobufCMessage *const *entries, size_t n, const char *field,
-	   histd_kv **out, size_t *n_out)
+/* See service.h. */
+int
+histd_kv_collect(ProtobufCMessage *const *entries, size_t n,
+		 const char *field, histd_kv **out, size_t *n_out)
 {
 	const ProtobufCFieldDescriptor *fk, *fv;
 	kv_sorting *tmp;
@@ -679,7 +674,7 @@ kv_collect(ProtobufCMessage *const *entries, size_t n, const char *field,
 }
 
 #define KV_COLLECT(req, member, field, out, n_out) \
-	kv_collect((ProtobufCMessage *const *)(req)->member, \
+	histd_kv_collect((ProtobufCMessage *const *)(req)->member, \
 		   (req)->n_##member, field, out, n_out)
 
 /* ---------------------------------------------------------------------- */
@@ -1767,14 +1762,14 @@ h_append(call *c, void *msg)
 }
 
 /* What follows the messages of a GetMessagesResponse, at most: three
- * varint fields. */
-#define TAIL_MAX (3 * (1 + HISTD_WIRE_VARINT_MAX))
+ * varint fields and a bool. */
+#define TAIL_MAX (3 * (1 + HISTD_WIRE_VARINT_MAX) + 2)
 
 /*
  * RAW: the stored records spliced into the response as they are, never
  * unpacked: each record is already a packed Message with its seq, so the
  * response is field 1 around each, then next_after_seq (2), revision (3)
- * and token_estimate (5) as varints.
+ * and token_estimate (5) as varints, and truncated (6).
  */
 static int
 get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
@@ -1786,7 +1781,7 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 	uint64_t tokens = 0, next = 0;
 	size_t size = 0, o = 0, first, end;
 	uint8_t *buf = NULL;
-	int rc;
+	int truncated, rc;
 
 	if (r->last_n) {
 		q.last_n = min_u32(r->last_n, cfg->max_page_size);
@@ -1820,6 +1815,8 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 	if ((res.has_more || end < res.records.n) && end > first &&
 	    !r->last_n)
 		next = res.records.v[end - 1].seq;
+	truncated = r->last_n && (first > 0 || (q.last_n < r->last_n &&
+						res.records.n == q.last_n));
 	/* All of it, framed by the driver: sent as it is. */
 	if (first == 0 && end == res.records.n)
 		buf = histd_records_take_wire(&res.records, TAIL_MAX, &o);
@@ -1849,6 +1846,10 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 	if (tokens) {
 		buf[o++] = 5 << 3;
 		o += histd_wire_put_varint(buf + o, tokens);
+	}
+	if (truncated) {
+		buf[o++] = 6 << 3;
+		buf[o++] = 1;
 	}
 	c->reply->data = buf;
 	c->reply->len = o;

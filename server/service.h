@@ -121,6 +121,17 @@ int histd_service_unary(histd_service *s, enum histd_method m,
 int histd_check_request_bytes(const ProtobufCMessageDescriptor *d,
 			      const uint8_t *p, size_t len);
 
+/*
+ * Validates a map<string, string> of a request (its n entries, `field` its
+ * name for errors: at most 64 pairs, keys 1..63 characters of
+ * [A-Za-z0-9._/-], values at most 256 bytes) and returns its pairs sorted
+ * by key, keys unique (a repeated key: the last one wins, as proto maps
+ * say). The strings are borrowed from the request; *out is malloc'ed
+ * (NULL when empty) and freed with free().
+ */
+int histd_kv_collect(ProtobufCMessage *const *entries, size_t n,
+		     const char *field, histd_kv **out, size_t *n_out);
+
 /* Checks a session id: 1..128 characters of [A-Za-z0-9._:-]. EINVALID
  * naming `field` otherwise. */
 int histd_check_session_id(const char *id, const char *field);

@@ -338,6 +338,14 @@ search_checks_the_request(void **state)
 	assert_int_equal(search(a, r, &s), GRPC_STATUS_INVALID_ARGUMENT);
 	r = req(a, "bread", 101);
 	assert_int_equal(search(a, r, &s), GRPC_STATUS_INVALID_ARGUMENT);
+	/* The selector's keys follow the labels' rules, as in ListSessions. */
+	r = req(a, "bread", 10);
+	r->label_selector = ta_alloc(a, sizeof(void *));
+	r->label_selector[0] = tm_entry(a,
+		&histd__v1__search_request__label_selector_entry__descriptor,
+		"bad key", "v");
+	r->n_label_selector = 1;
+	assert_int_equal(search(a, r, &s), GRPC_STATUS_INVALID_ARGUMENT);
 	r = req(a, "bread", 10);
 	r->session_id = ta_strdup(a, "nope");
 	assert_int_equal(search(a, r, &s), GRPC_STATUS_NOT_FOUND);
