@@ -12,7 +12,7 @@
  *
  * Options:
  *   max_messages (alias max_length)  1..10,000,000; 0 or absent: no limit
- *   max_tokens                        1..2^32;     0 or absent: no limit
+ *   max_tokens                        1..2^32-1;   0 or absent: no limit
  *   provider                          measure max_tokens by that
  *                                     provider's image and document rules
  *                                     (tokens.h: anthropic, openai,
@@ -84,7 +84,7 @@ w_configure(const histd_plugin_opt *o, size_t n, void **state, char *err,
 	}
 	if (!w.max_messages && !w.max_tokens) {
 		snprintf(err, cap, "options: max_messages or max_tokens is "
-			 "required");
+			 "required (above 0; 0 means no limit)");
 		return HISTD_EINVALID;
 	}
 	if (!(s = malloc(sizeof(*s))))

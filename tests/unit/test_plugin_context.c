@@ -543,7 +543,7 @@ a_bad_pipeline_is_invalid_argument_at_create_and_update(void **state)
 			 HISTD_EINVALID);
 	assert_string_equal(histd_error_message(),
 		"config.pipeline.plugins[0].options: max_messages or "
-		"max_tokens is required");
+		"max_tokens is required (above 0; 0 means no limit)");
 }
 
 static void

@@ -107,7 +107,7 @@ retention_other_than_view_or_delete_is_invalid_naming_the_option(void **state)
 	assert_int_equal(validate_window(alone), HISTD_EINVALID);
 	assert_string_equal(histd_error_message(),
 		"config.pipeline.plugins[0].options: max_messages or "
-		"max_tokens is required");
+		"max_tokens is required (above 0; 0 means no limit)");
 	assert_int_equal(validate_window(ok), 0);
 }
 

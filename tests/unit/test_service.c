@@ -1434,8 +1434,10 @@ get_messages_pages_by_after_seq_and_limit(void **state)
 	g = read_raw("p", 5, 1, 2);
 	assert_seqs(g, 6, 2);
 	assert_int_equal(g->next_after_seq, 0);
+	assert_false(g->truncated);
 	g = read_raw("p", 0, 0, 100);
 	assert_seqs(g, 1, 7);
+	assert_false(g->truncated);
 }
 
 static void
@@ -1460,6 +1462,11 @@ get_messages_clamps_limit_and_last_n_to_the_page_size(void **state)
 	assert_int_equal(get_messages_on(s2, "p", HISTD__V1__VIEW__VIEW_RAW,
 					 0, 0, 5, &g), 0);
 	assert_seqs(g, 4, 2);
+	assert_true(g->truncated);      /* asked for 5, got the newest 2 */
+	assert_int_equal(get_messages_on(s2, "p", HISTD__V1__VIEW__VIEW_RAW,
+					 0, 0, 2, &g), 0);
+	assert_seqs(g, 4, 2);
+	assert_false(g->truncated);
 	histd_service_free(s2);
 }
 
@@ -1494,6 +1501,7 @@ get_messages_pages_end_at_the_response_size_limit(void **state)
 	assert_true(g->n_messages >= 1 && g->n_messages <= 2);
 	assert_int_equal(g->messages[g->n_messages - 1]->seq, 9);
 	assert_int_equal(g->next_after_seq, 0);
+	assert_true(g->truncated);      /* and says older ones were left out */
 	/* One message larger than the limit still goes, alone. */
 	small.max_response_bytes = 1;
 	histd_service_free(s2);
