@@ -48,12 +48,24 @@
 /* Never deeper than this, whatever the limits say. */
 #define HISTD_TRANSCRIPT_MAX_DEPTH 64
 
+struct histd_transcript;
+
 typedef struct histd_transcript_limits {
 	size_t max_json_bytes;    /* the whole body; default 64 MiB */
 	size_t max_string_bytes;  /* one JSON string (decoded); default 1 MiB,
 				   * the server's max_message_bytes */
 	size_t max_messages;      /* messages one import may produce; 1000 */
 	unsigned max_depth;       /* nesting of arrays and objects; 64 */
+	/* Optional (default NULL): what the body continues. A Gemini
+	 * functionResponse without an id answers the oldest unanswered
+	 * functionCall of its name; with tail set, the calls of what is
+	 * already stored count too, before those of the body. from_json
+	 * calls tail at most once, at the first such response, with
+	 * tail_arg and an empty transcript to fill with the newest stored
+	 * messages, oldest first; from_json clears it. tail returns 0 or a
+	 * HISTD_E* code (its message set), which from_json returns as is. */
+	int (*tail)(void *tail_arg, struct histd_transcript *out);
+	void *tail_arg;
 } histd_transcript_limits;
 
 /* Fills the defaults above. */
@@ -87,6 +99,8 @@ typedef struct histd_transcript {
 } histd_transcript;
 
 void histd_transcript_clear(histd_transcript *t);
+/* Appends m, which t then owns; 0, or ENOMEM with m still the caller's. */
+int histd_transcript_add(histd_transcript *t, Histd__V1__Message *m);
 
 /*
  * Converts a provider's request body (json, len bytes, UTF-8) into

@@ -2062,7 +2062,7 @@ h_import(call *c, void *msg)
 	histd_transcript_limits_default(&lim);
 	lim.max_string_bytes = c->s->cfg.max_message_bytes;
 	lim.max_messages = c->s->cfg.max_messages_per_append;
-	if ((rc = histd_transcript_import(r, &lim, &t)))
+	if ((rc = histd_transcript_import(c->s->d, c->tenant, r, &lim, &t)))
 		return rc;
 	a.session_id = r->session_id;
 	a.messages = t.messages;

@@ -91,13 +91,34 @@ histd_transcript_export_messages(Histd__V1__Format format,
 	return rc;
 }
 
+/* Appends the messages of res to t, decoded; 0, ENOMEM or ECORRUPT. */
+static int
+add_records(histd_transcript *t, const histd_read_result *res)
+{
+	for (size_t i = 0; i < res->records.n; i++) {
+		const histd_record *r = &res->records.v[i];
+		Histd__V1__Message *m;
+		int rc;
+
+		m = histd__v1__message__unpack(NULL, r->len, r->data);
+		if (!m)
+			return histd_error_set(HISTD_ECORRUPT,
+				"the stored message at seq %llu does not "
+				"decode", (unsigned long long)r->seq);
+		if ((rc = histd_transcript_add(t, m))) {
+			histd__v1__message__free_unpacked(m, NULL);
+			return rc;
+		}
+	}
+	return 0;
+}
+
 int
 histd_transcript_export(histd_driver *d, const char *tenant,
 			const Histd__V1__ExportRequest *req, uint8_t **out,
 			size_t *out_len)
 {
-	Histd__V1__Message **msgs = NULL;
-	size_t n = 0, cap = 0;
+	histd_transcript t = { 0 };
 	uint64_t after = 0;
 	int rc, more = 1;
 
@@ -122,57 +143,67 @@ histd_transcript_export(histd_driver *d, const char *tenant,
 		if ((rc = histd_driver_read(d, &q, &res)))
 			break;
 		more = res.has_more && res.records.n > 0;
-		for (size_t i = 0; i < res.records.n && !rc; i++) {
-			const histd_record *r = &res.records.v[i];
-			Histd__V1__Message *m;
-
-			if (n == cap) {
-				size_t nc = cap ? 2 * cap : 64;
-				Histd__V1__Message **v = realloc(msgs,
-						nc * sizeof(*v));
-
-				if (!v) {
-					rc = enomem();
-					break;
-				}
-				msgs = v;
-				cap = nc;
-			}
-			m = histd__v1__message__unpack(NULL, r->len, r->data);
-			if (!m) {
-				rc = histd_error_set(HISTD_ECORRUPT,
-					"the stored message at seq %llu does "
-					"not decode",
-					(unsigned long long)r->seq);
-				break;
-			}
-			msgs[n++] = m;
-			after = r->seq;
-		}
+		if (res.records.n)
+			after = res.records.v[res.records.n - 1].seq;
+		rc = add_records(&t, &res);
 		histd_read_result_clear(&res);
 	}
 	if (!rc)
-		rc = histd_transcript_export_messages(req->format, msgs, n,
-						      NULL, out, out_len);
-	for (size_t i = 0; i < n; i++)
-		histd__v1__message__free_unpacked(msgs[i], NULL);
-	free(msgs);
+		rc = histd_transcript_export_messages(req->format, t.messages,
+						      t.n_messages, NULL, out,
+						      out_len);
+	histd_transcript_clear(&t);
+	return rc;
+}
+
+/* What the import continues: the session's newest messages. */
+struct import_tail {
+	histd_driver *d;
+	const char *tenant;
+	const char *session_id;
+};
+
+static int
+read_tail(void *arg, histd_transcript *out)
+{
+	const struct import_tail *it = arg;
+	histd_read q = { .tenant = it->tenant, .session_id = it->session_id,
+			 .last_n = HISTD_IMPORT_TAIL };
+	histd_read_result res = { 0 };
+	int rc;
+
+	if ((rc = histd_driver_read(it->d, &q, &res)))
+		return rc;
+	rc = add_records(out, &res);
+	histd_read_result_clear(&res);
 	return rc;
 }
 
 int
-histd_transcript_import(const Histd__V1__ImportRequest *req,
+histd_transcript_import(histd_driver *d, const char *tenant,
+			const Histd__V1__ImportRequest *req,
 			const histd_transcript_limits *lim,
 			histd_transcript *out)
 {
+	struct import_tail it = { .d = d, .tenant = tenant,
+				  .session_id = req->session_id };
+	histd_transcript_limits l;
 	int rc;
 
 	if ((rc = check_format(req->format)))
 		return rc;
 	if (!req->json[0])
 		return histd_error_set(HISTD_EINVALID, "json is required");
+	if (lim)
+		l = *lim;
+	else
+		histd_transcript_limits_default(&l);
+	if (d) {
+		l.tail = read_tail;
+		l.tail_arg = &it;
+	}
 	if ((rc = histd_transcript_from_json(req->format, req->json,
-					     strlen(req->json), lim, out)))
+					     strlen(req->json), &l, out)))
 		return rc;
 	if (out->n_messages == 0) {
 		histd_transcript_clear(out);

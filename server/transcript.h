@@ -8,8 +8,9 @@
  * exists, then histd_transcript_export_messages with what the pipeline
  * gives), converts it, and packs an ExportResponse.
  *
- * Import: converts the body into messages (histd_transcript_import); the
- * caller appends them exactly as Append would (validation, token estimate,
+ * Import: converts the body into messages (histd_transcript_import, which
+ * may read the session's tail for Gemini's id-less responses); the caller
+ * appends them exactly as Append would (validation, token estimate,
  * expected_revision, idempotency_key) and packs the answer with
  * histd_transcript_import_reply.
  *
@@ -44,11 +45,26 @@ int histd_transcript_export_messages(Histd__V1__Format format,
 				     const Histd__V1__Summary *summary,
 				     uint8_t **out, size_t *out_len);
 
+/* How many of the session's newest messages an Import reads to find the
+ * tool calls still open before its body (below). */
+#define HISTD_IMPORT_TAIL 1000
+
 /* Checks req->format, converts req->json into out (see
  * histd_transcript_from_json; lim NULL: defaults; the caller sets
  * max_string_bytes to its max_message_bytes and max_messages to its
- * max_messages_per_append). EINVALID when the body holds no message. */
-int histd_transcript_import(const Histd__V1__ImportRequest *req,
+ * max_messages_per_append). EINVALID when the body holds no message.
+ *
+ * With d (NULL: the body alone), a Gemini functionResponse without an id
+ * may answer a call stored before the body: at the first such response,
+ * the last HISTD_IMPORT_TAIL messages of req->session_id of tenant are
+ * read once through the driver, and the calls no result there answers
+ * come before the body's, oldest first. A call older than that tail is
+ * not seen (EINVALID naming the response's name, as for no call). Other
+ * formats, and bodies whose responses all have ids, read nothing. The
+ * read's errors pass up as they are (ENOTFOUND for an unknown session of
+ * the tenant). */
+int histd_transcript_import(histd_driver *d, const char *tenant,
+			    const Histd__V1__ImportRequest *req,
 			    const histd_transcript_limits *lim,
 			    histd_transcript *out);
 

@@ -69,6 +69,23 @@ histd_transcript_clear(histd_transcript *t)
 	memset(t, 0, sizeof(*t));
 }
 
+int
+histd_transcript_add(histd_transcript *t, Histd__V1__Message *m)
+{
+	if (t->n_messages == t->cap_messages) {
+		size_t cap = t->cap_messages ? 2 * t->cap_messages : 16;
+		Histd__V1__Message **v = realloc(t->messages,
+						 cap * sizeof(*v));
+
+		if (!v)
+			return enomem();
+		t->messages = v;
+		t->cap_messages = cap;
+	}
+	t->messages[t->n_messages++] = m;
+	return 0;
+}
+
 void
 histd_transcript_limits_default(histd_transcript_limits *l)
 {
@@ -76,6 +93,8 @@ histd_transcript_limits_default(histd_transcript_limits *l)
 	l->max_string_bytes = 1u << 20;
 	l->max_messages = 1000;
 	l->max_depth = HISTD_TRANSCRIPT_MAX_DEPTH;
+	l->tail = NULL;
+	l->tail_arg = NULL;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -366,21 +385,14 @@ histd_msg_new(histd_imp *im, Histd__V1__Role role, Histd__V1__Message **out)
 	if (t->n_messages >= im->lim->max_messages)
 		return histd_imp_fail(im, "more than %zu messages",
 				      im->lim->max_messages);
-	if (t->n_messages == t->cap_messages) {
-		size_t cap = t->cap_messages ? 2 * t->cap_messages : 16;
-		Histd__V1__Message **v = realloc(t->messages,
-						 cap * sizeof(*v));
-
-		if (!v)
-			return enomem();
-		t->messages = v;
-		t->cap_messages = cap;
-	}
 	if (!(m = malloc(sizeof(*m))))
 		return enomem();
 	histd__v1__message__init(m);
 	m->role = role;
-	t->messages[t->n_messages++] = m;
+	if (histd_transcript_add(t, m)) {
+		free(m);
+		return enomem();
+	}
 	*out = m;
 	return 0;
 }
@@ -748,6 +760,85 @@ histd_calls_free(struct histd_callref *v, size_t n)
 		free(v[i].name);
 	}
 	free(v);
+}
+
+/* Marks the calls of v that a tool_result in m[0..n) answers. */
+static void
+calls_answer(struct histd_callref *v, size_t nv, Histd__V1__Message *const *m,
+	     size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = 0; j < m[i]->n_content; j++) {
+			const Histd__V1__ContentBlock *b = m[i]->content[j];
+
+			if (b->block_case !=
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
+				continue;
+			for (size_t k = 0; k < nv; k++)
+				if (!strcmp(v[k].id, b->tool_result->tool_call_id))
+					v[k].answered = 1;
+		}
+}
+
+int
+histd_imp_open_calls(histd_imp *im)
+{
+	histd_transcript tail = { 0 };
+	struct histd_callref *v = NULL, *nv;
+	size_t n = 0, cap = 0, o = 0;
+	int rc;
+
+	if (im->tail_read || !im->lim->tail)
+		return 0;
+	im->tail_read = 1;
+	if ((rc = im->lim->tail(im->lim->tail_arg, &tail)))
+		goto out;
+	for (size_t i = 0; i < tail.n_messages && !rc; i++)
+		for (size_t j = 0; j < tail.messages[i]->n_content && !rc; j++) {
+			const Histd__V1__ContentBlock *b =
+				tail.messages[i]->content[j];
+
+			if (b->block_case ==
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL)
+				rc = histd_calls_add(&v, &n, &cap,
+						     b->tool_call->id,
+						     b->tool_call->name);
+		}
+	if (rc)
+		goto out;
+	/* An answer always comes after its call: a call the tail answers
+	 * has its result in the tail or in this body. */
+	calls_answer(v, n, tail.messages, tail.n_messages);
+	calls_answer(v, n, im->t->messages, im->t->n_messages);
+	for (size_t i = 0; i < n; i++) {
+		if (!v[i].answered) {
+			v[o++] = v[i];
+			continue;
+		}
+		free(v[i].id);
+		free(v[i].name);
+	}
+	n = o;
+	if (n && im->n_calls) {
+		if (!(nv = realloc(v, (n + im->n_calls) * sizeof(*nv)))) {
+			rc = enomem();
+			goto out;
+		}
+		v = nv;
+		memcpy(v + n, im->calls, im->n_calls * sizeof(*v));
+	}
+	if (n) {
+		free(im->calls);
+		im->calls = v;
+		im->n_calls += n;
+		im->cap_calls = im->n_calls;
+		v = NULL;
+		n = 0;
+	}
+out:
+	histd_calls_free(v, n);
+	histd_transcript_clear(&tail);
+	return rc;
 }
 
 /* ---------------------------------------------------------------------- */

@@ -11,7 +11,9 @@
  *
  * Gemini's function calls may have no id, while histd's always have one:
  * import makes one up ("$gen_id" marks it, so export leaves it out) and
- * pairs each functionResponse with the oldest unanswered call of its name.
+ * pairs each functionResponse without an id with the oldest unanswered call
+ * of its name: in the session before the body (limits.tail), then in the
+ * body.
  */
 #include "provider.h"
 
@@ -217,7 +219,10 @@ imp_response(histd_imp *im, json_t *part, Histd__V1__Message *m)
 	if (!(x = histd_extras(part, k_resp_part)))
 		return nomem();
 	if (!id) {
-		/* The oldest unanswered call of that name. */
+		/* The oldest unanswered call of that name, the calls stored
+		 * before the body first. */
+		if ((rc = histd_imp_open_calls(im)))
+			return json_decref(x), rc;
 		for (size_t i = 0; i < im->n_calls && !id; i++)
 			if (!im->calls[i].answered &&
 			    !strcmp(im->calls[i].name, name)) {

@@ -40,6 +40,7 @@ typedef struct histd_imp {
 		int answered;
 	} *calls;
 	size_t n_calls, cap_calls;
+	int tail_read;                   /* histd_imp_open_calls ran */
 } histd_imp;
 
 /* Export context. */
@@ -206,6 +207,11 @@ int histd_calls_add(struct histd_callref **v, size_t *n, size_t *cap,
 const char *histd_calls_name(struct histd_callref *v, size_t n,
 			     const char *id);
 void histd_calls_free(struct histd_callref *v, size_t n);
+/* Once per import (later calls return 0): puts the calls that lim->tail's
+ * messages leave unanswered, by a result there or among the messages built
+ * so far, in front of im->calls, oldest first. 0 without lim->tail; else
+ * tail's error or ENOMEM. */
+int histd_imp_open_calls(histd_imp *im);
 
 /* ---------------------------------------------------------------------- */
 /* provider_state and extras                                              */

@@ -116,7 +116,7 @@ import_append_export_is_lossless(void **state)
 		histd_session_free(s);
 		ir.format = cases[c].f;
 		ir.json = slurp(cases[c].file, &len);
-		assert_int_equal(histd_transcript_import(&ir, NULL, &t), 0);
+		assert_int_equal(histd_transcript_import(NULL, NULL, &ir, NULL, &t), 0);
 		append_all(d, &t);
 		er.session_id = "s1";
 		er.format = cases[c].f;
@@ -173,7 +173,7 @@ bad_requests_name_the_field(void **state)
 			 HISTD_ENOTFOUND);
 	ir.format = HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT;
 	ir.json = "{\"messages\":[]}";
-	assert_int_equal(histd_transcript_import(&ir, NULL, &t),
+	assert_int_equal(histd_transcript_import(NULL, NULL, &ir, NULL, &t),
 			 HISTD_EINVALID);
 	histd_driver_close(d);
 }
@@ -192,7 +192,7 @@ import_reply_carries_dropped(void **state)
 	ir.format = HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT;
 	ir.json = "{\"model\":\"x\",\"messages\":[{\"role\":\"user\","
 		  "\"content\":\"hi\"}]}";
-	assert_int_equal(histd_transcript_import(&ir, NULL, &t), 0);
+	assert_int_equal(histd_transcript_import(NULL, NULL, &ir, NULL, &t), 0);
 	ar.first_seq = 1;
 	ar.last_seq = 1;
 	assert_int_equal(histd_transcript_import_reply(&ar, &t, &out, &len),

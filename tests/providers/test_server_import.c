@@ -1,0 +1,238 @@
+/*
+ * Import through the real histd binary (integration harness, memory
+ * driver): a Gemini functionResponse without an id answers the oldest open
+ * call of its name, also when that call came in an earlier Import, as in
+ * an agent loop that imports turn by turn. Checked with GetMessages: the
+ * result's tool_call_id is the id histd made up for the call.
+ *
+ * argv[1] is the histd binary (harness.h).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+static histd_proc *server;
+static histd_client *client;
+
+static int
+setup(void **state)
+{
+	(void)state;
+	if (harness_start(&server, NULL))
+		return -1;
+	client = harness_client(server);
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	int rc;
+
+	(void)state;
+	histd_client_close(client);
+	client = NULL;
+	rc = harness_stop(server);
+	server = NULL;
+	return rc;
+}
+
+#define USER_HI "{\"role\":\"user\",\"parts\":[{\"text\":\"hi\"}]}"
+#define CALL(args) "{\"functionCall\":{\"name\":\"f\",\"args\":" args "}}"
+#define RESP(name) "{\"role\":\"user\",\"parts\":[{\"functionResponse\":" \
+	"{\"name\":\"" name "\",\"response\":{\"r\":1}}}]}"
+
+/* Imports a Gemini body; returns the status code, with the details in
+ * details (may be NULL) when it is not OK. */
+static grpc_status_code
+import_gemini(const char *session_id, const char *body, char *details,
+	      size_t dlen)
+{
+	Histd__V1__ImportRequest ir = HISTD__V1__IMPORT_REQUEST__INIT;
+	Histd__V1__ImportResponse *resp = NULL;
+	grpc_status_code code;
+	histd_status st;
+
+	ir.session_id = (char *)session_id;
+	ir.format = HISTD__V1__FORMAT__FORMAT_GEMINI;
+	ir.json = (char *)body;
+	histd_status_init(&st);
+	t_call(client, "Import", &ir, &histd__v1__import_response__descriptor,
+	       &resp, &st);
+	code = st.code;
+	if (details)
+		snprintf(details, dlen, "%s", st.details ? st.details : "");
+	if (resp)
+		histd_client_message_free(&resp->base);
+	histd_status_reset(&st);
+	return code;
+}
+
+/* The user says hi; the model calls f (no id): one Import. */
+static void
+import_one_call(const char *session_id)
+{
+	assert_int_equal(import_gemini(session_id, "{\"contents\":[" USER_HI
+				       ",{\"role\":\"model\",\"parts\":["
+				       CALL("{}") "]}]}", NULL, 0),
+			 GRPC_STATUS_OK);
+}
+
+/* The session holds n tool calls with ids histd made up and n results,
+ * the i-th result answering the i-th call (in seq order). */
+static void
+assert_results_answer_calls(const char *session_id, size_t n)
+{
+	Histd__V1__GetMessagesResponse *r = t_get_raw(client, session_id, 0, 0);
+	const char *calls[8], *results[8];
+	size_t nc = 0, nr = 0;
+
+	for (size_t i = 0; i < r->n_messages; i++)
+		for (size_t j = 0; j < r->messages[i]->n_content; j++) {
+			const Histd__V1__ContentBlock *b =
+				r->messages[i]->content[j];
+
+			assert_true(nc < 8 && nr < 8);
+			if (b->block_case ==
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL)
+				calls[nc++] = b->tool_call->id;
+			else if (b->block_case ==
+				 HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
+				results[nr++] = b->tool_result->tool_call_id;
+		}
+	assert_int_equal(nc, n);
+	assert_int_equal(nr, n);
+	for (size_t i = 0; i < n; i++) {
+		assert_int_equal(strncmp(calls[i], "gemini_", 7), 0);
+		assert_string_equal(results[i], calls[i]);
+	}
+	histd_client_message_free(&r->base);
+}
+
+static void
+id_less_response_answers_a_call_of_an_earlier_import(void **state)
+{
+	char *id = t_create_session(client, "gemini-turns");
+
+	(void)state;
+	import_one_call(id);
+	assert_int_equal(import_gemini(id, "{\"contents\":[" RESP("f") "]}",
+				       NULL, 0),
+			 GRPC_STATUS_OK);
+	assert_results_answer_calls(id, 1);
+	free(id);
+}
+
+static void
+open_calls_of_one_name_are_answered_oldest_first_across_imports(void **state)
+{
+	char *id = t_create_session(client, "gemini-oldest");
+
+	(void)state;
+	/* Two parallel calls of f; then one response per Import; then a
+	 * body with a response (to the stored call), a new call and a
+	 * response (to the new call). */
+	assert_int_equal(import_gemini(id, "{\"contents\":[" USER_HI ","
+				       "{\"role\":\"model\",\"parts\":["
+				       CALL("{\"a\":1}") "," CALL("{\"a\":2}")
+				       "]}]}", NULL, 0),
+			 GRPC_STATUS_OK);
+	assert_int_equal(import_gemini(id, "{\"contents\":[" RESP("f") "]}",
+				       NULL, 0),
+			 GRPC_STATUS_OK);
+	assert_int_equal(import_gemini(id, "{\"contents\":[" RESP("f") ","
+				       "{\"role\":\"model\",\"parts\":["
+				       CALL("{\"a\":3}") "]}," RESP("f") "]}",
+				       NULL, 0),
+			 GRPC_STATUS_OK);
+	assert_results_answer_calls(id, 3);
+	free(id);
+}
+
+static void
+id_less_response_without_an_open_call_names_the_field(void **state)
+{
+	char *id = t_create_session(client, "gemini-unanswered");
+	char details[256];
+
+	(void)state;
+	import_one_call(id);
+	/* Another name: no open call. */
+	assert_int_equal(import_gemini(id, "{\"contents\":[" RESP("g") "]}",
+				       details, sizeof(details)),
+			 GRPC_STATUS_INVALID_ARGUMENT);
+	assert_non_null(strstr(details, "contents[0].parts[0]."
+			       "functionResponse.name"));
+	/* f answered: a second response has no open call either. */
+	assert_int_equal(import_gemini(id, "{\"contents\":[" RESP("f") "]}",
+				       NULL, 0),
+			 GRPC_STATUS_OK);
+	assert_int_equal(import_gemini(id, "{\"contents\":[" RESP("f") "]}",
+				       details, sizeof(details)),
+			 GRPC_STATUS_INVALID_ARGUMENT);
+	assert_non_null(strstr(details, "contents[0].parts[0]."
+			       "functionResponse.name"));
+	free(id);
+}
+
+static void
+a_call_older_than_the_tail_is_not_seen(void **state)
+{
+	char *id = t_create_session(client, "gemini-tail");
+	char details[256];
+
+	(void)state;
+	import_one_call(id);
+	/* 1000 messages after the call: the call falls out of the tail
+	 * (HISTD_IMPORT_TAIL). */
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(t_append_texts(client, id, 100, "filler", 0,
+						NULL),
+				 GRPC_STATUS_OK);
+	assert_int_equal(import_gemini(id, "{\"contents\":[" RESP("f") "]}",
+				       details, sizeof(details)),
+			 GRPC_STATUS_INVALID_ARGUMENT);
+	assert_non_null(strstr(details, "functionResponse.name"));
+	free(id);
+}
+
+static void
+an_unknown_session_stays_not_found(void **state)
+{
+	(void)state;
+	/* The tail read and the append both say NOT_FOUND. */
+	assert_int_equal(import_gemini("no-such-session",
+				       "{\"contents\":[" RESP("f") "]}",
+				       NULL, 0),
+			 GRPC_STATUS_NOT_FOUND);
+	assert_int_equal(import_gemini("no-such-session",
+				       "{\"contents\":[" USER_HI "]}", NULL, 0),
+			 GRPC_STATUS_NOT_FOUND);
+}
+
+int
+main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(
+			id_less_response_answers_a_call_of_an_earlier_import),
+		cmocka_unit_test(
+			open_calls_of_one_name_are_answered_oldest_first_across_imports),
+		cmocka_unit_test(
+			id_less_response_without_an_open_call_names_the_field),
+		cmocka_unit_test(a_call_older_than_the_tail_is_not_seen),
+		cmocka_unit_test(an_unknown_session_stays_not_found),
+	};
+
+	if (harness_init(argc, argv))
+		return 1;
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
