@@ -121,6 +121,8 @@ imp_media(histd_imp *im, json_t *blk, int doc, json_t *x,
 			return rc;
 		if (!*url)
 			return histd_imp_fail_at(im, "url", "is empty");
+		if ((rc = histd_imp_check_url(im, "url", url)))
+			return rc;
 		*out = doc ? histd_blk_doc_url(url, NULL, title)
 			   : histd_blk_image_url(url, NULL);
 	} else {

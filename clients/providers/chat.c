@@ -97,12 +97,15 @@ imp_part(const histd_chat_dialect *d, histd_imp *im, json_t *p,
 		return add(im, m, r, histd_blk_text(s), x);
 	}
 	if (!strcmp(type, "image_url")) {
+		const char *ukey = "image_url.url";
+
 		o = json_object_get(p, "image_url");
 		x = histd_extras(p, k_image);
 		if (!x)
 			return nomem();
 		if (json_is_string(o) && d->image_url_string) {
 			s = json_string_value(o);
+			ukey = "image_url";
 			rc = mark(x, "$image_url", json_string("string"));
 		} else if (json_is_object(o)) {
 			size_t q = histd_imp_key(im, "image_url");
@@ -120,6 +123,8 @@ imp_part(const histd_chat_dialect *d, histd_imp *im, json_t *p,
 		}
 		if (!rc && !*s)
 			rc = histd_imp_fail_at(im, "image_url", "url is empty");
+		if (!rc)
+			rc = histd_imp_check_url(im, ukey, s);
 		if (!rc && (rc = histd_blk_from_url(s, 0, NULL, &b)) == 0)
 			return add(im, m, r, b, x);
 		json_decref(x);
@@ -144,7 +149,8 @@ imp_part(const histd_chat_dialect *d, histd_imp *im, json_t *p,
 		histd_imp_pop(im, q);
 		if (!(x = histd_extras(p, k_file)))
 			return nomem();
-		if ((rc = histd_extras_into(x, "$file", o, k_file_in)) ||
+		if ((rc = histd_imp_check_url(im, "file.file_data", data)) ||
+		    (rc = histd_extras_into(x, "$file", o, k_file_in)) ||
 		    (rc = histd_blk_from_url(data, 1, fn, &b))) {
 			json_decref(x);
 			return rc;
@@ -157,6 +163,8 @@ imp_part(const histd_chat_dialect *d, histd_imp *im, json_t *p,
 			return rc;
 		if (!*s)
 			return histd_imp_fail_at(im, "document_url", "is empty");
+		if ((rc = histd_imp_check_url(im, "document_url", s)))
+			return rc;
 		return add(im, m, r, histd_blk_doc_url(s, NULL, name),
 			   histd_extras(p, k_docurl));
 	}

@@ -5,6 +5,7 @@
  */
 #include "provider.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -614,24 +615,96 @@ histd_blk_media_data(uint8_t *data, size_t len, const char *media_type,
 	return histd_blk_doc_data(data, len, media_type, filename);
 }
 
+/* The parts of "data:<type>[;<name>=<value>]...[;base64],<payload>". */
+struct data_uri {
+	const char *type;
+	size_t type_len;
+	int params;           /* other parameters than base64 */
+	int base64;
+	const char *payload;
+};
+
+/* NULL with *d filled when url (which starts with "data:") is well formed,
+ * else what is wrong with it. The media type is required: every format
+ * that writes data as a data URI, inlineData or a base64 source names
+ * its type. */
+static const char *
+data_uri_parse(const char *url, struct data_uri *d)
+{
+	const char *comma = strchr(url, ','), *p, *slash;
+
+	memset(d, 0, sizeof(*d));
+	if (!comma)
+		return "a data: URI without a comma";
+	d->type = url + 5;
+	d->type_len = strcspn(d->type, ";,");
+	slash = memchr(d->type, '/', d->type_len);
+	if (!slash || slash == d->type || slash + 1 == d->type + d->type_len)
+		return "a data: URI without a media type (type/subtype)";
+	for (p = d->type + d->type_len; *p == ';'; p += strcspn(p + 1, ";,") + 1) {
+		size_t n = strcspn(p + 1, ";,");
+
+		if (n == 6 && !strncmp(p + 1, "base64", 6) && p[7] == ',')
+			d->base64 = 1;
+		else if (memchr(p + 1, '=', n) && p[1] != '=')
+			d->params = 1;
+		else
+			return "a data: URI parameter that is neither base64 "
+			       "nor name=value";
+	}
+	d->payload = comma + 1;
+	if (d->base64)
+		return NULL;
+	for (p = d->payload; (p = strchr(p, '%')); p += 3)
+		if (!isxdigit((unsigned char)p[1]) ||
+		    !isxdigit((unsigned char)p[2]))
+			return "a data: URI with a bad %-escape";
+	return NULL;
+}
+
+int
+histd_imp_check_url(histd_imp *im, const char *key, const char *url)
+{
+	struct data_uri d;
+	const char *what;
+	uint8_t *data;
+	size_t len;
+	int rc;
+
+	if (strncmp(url, "data:", 5))
+		return 0;
+	if ((what = data_uri_parse(url, &d)))
+		return histd_imp_fail_at(im, key, "%s", what);
+	if (!d.base64)
+		return 0;
+	rc = histd_b64_decode(d.payload, strlen(d.payload), &data, &len);
+	if (rc == HISTD_ENOMEM)
+		return rc;
+	if (rc)
+		return histd_imp_fail_at(im, key, "a data: URI whose data is "
+					 "not valid base64");
+	free(data);
+	return 0;
+}
+
 int
 histd_blk_from_url(const char *url, int as_document, const char *filename,
 		   Histd__V1__ContentBlock **out)
 {
-	const char *comma, *semi;
+	struct data_uri d;
 	char type[128];
 	uint8_t *data;
 	size_t len;
 
 	*out = NULL;
-	if (!strncmp(url, "data:", 5) && (comma = strchr(url, ',')) &&
-	    (semi = memchr(url, ';', (size_t)(comma - url))) &&
-	    !strncmp(semi, ";base64,", 8) &&
-	    (size_t)(semi - url - 5) < sizeof(type) && semi - url > 5) {
-		memcpy(type, url + 5, (size_t)(semi - url - 5));
-		type[semi - url - 5] = '\0';
+	/* Only the form export rebuilds ("data:<type>;base64,"): a data URI
+	 * with other parameters stays a url. */
+	if (!strncmp(url, "data:", 5) && !data_uri_parse(url, &d) &&
+	    d.base64 && !d.params && d.type_len < sizeof(type)) {
+		memcpy(type, d.type, d.type_len);
+		type[d.type_len] = '\0';
 		if ((as_document || histd_image_type(type)) &&
-		    histd_b64_decode(comma + 1, strlen(comma + 1), &data,
+		    histd_b64_decode(d.payload, strlen(d.payload), &data,
 				     &len) == 0) {
 			if (len > 0) {
 				*out = as_document

@@ -107,6 +107,8 @@ imp_media(histd_imp *im, json_t *part, int inline_data, Histd__V1__Message *m)
 	if (!*s)
 		return histd_imp_fail_at(im, inline_data ? "data" : "fileUri",
 					 "is empty");
+	if (!inline_data && (rc = histd_imp_check_url(im, "fileUri", s)))
+		return rc;
 	if (inline_data) {
 		uint8_t *d;
 		size_t n;

@@ -118,6 +118,8 @@ imp_part(histd_imp *im, json_t *p, Histd__V1__Message *m,
 		if (!s || !*s)
 			return histd_imp_drop(im, "an image by file id (not "
 					      "kept)");
+		if ((rc = histd_imp_check_url(im, "image_url", s)))
+			return rc;
 		x = histd_extras(p, k_in_image);
 		if ((rc = histd_blk_from_url(s, 0, NULL, &b)))
 			goto fail;
@@ -129,6 +131,8 @@ imp_part(histd_imp *im, json_t *p, Histd__V1__Message *m,
 		    (rc = histd_get_str(im, p, "filename", 0, &fn)))
 			return rc;
 		if (data && !strncmp(data, "data:", 5)) {
+			if ((rc = histd_imp_check_url(im, "file_data", data)))
+				return rc;
 			x = histd_extras(p, k_in_file);
 			if ((rc = histd_blk_from_url(data, 1, fn, &b)))
 				goto fail;
@@ -136,6 +140,8 @@ imp_part(histd_imp *im, json_t *p, Histd__V1__Message *m,
 			return histd_imp_fail_at(im, "file_data", "expected a "
 						 "data: URI");
 		} else if (url && *url) {
+			if ((rc = histd_imp_check_url(im, "file_url", url)))
+				return rc;
 			x = histd_extras(p, k_in_file);
 			if ((rc = mark(x, "$file_url", json_true())))
 				goto fail;

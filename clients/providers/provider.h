@@ -192,9 +192,17 @@ Histd__V1__ContentBlock *histd_blk_media_data(uint8_t *data, size_t len,
 					      const char *media_type,
 					      const char *filename);
 
+/* Import: a url read at <path>.<key> that starts with "data:" must be
+ * "data:<type>/<subtype>[;<name>=<value>]...[;base64],<data>": a comma, a
+ * media type, only name=value parameters but a last "base64", then
+ * canonical base64 (with base64) or no bad %-escape. EINVALID naming the
+ * path if not, ENOMEM; 0 for any other url. */
+int histd_imp_check_url(histd_imp *im, const char *key, const char *url);
+
 /* A url that is "data:<type>;base64,<canonical base64>" with an image type
  * becomes an image data block; anything else stays a url. The form is
- * rebuilt exactly on export. Errors: ENOMEM only. */
+ * rebuilt exactly on export. Errors: ENOMEM only. Importers check the url
+ * first (histd_imp_check_url). */
 int histd_blk_from_url(const char *url, int as_document, const char *filename,
 		       Histd__V1__ContentBlock **out);
 

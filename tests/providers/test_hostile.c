@@ -449,6 +449,97 @@ random_byte_damage_never_crashes(void **state)
 	}
 }
 
+/* Every place an importer takes a URL refuses a malformed data: URI,
+ * naming the path; well-formed data URIs and other URLs pass. */
+static void
+malformed_data_uris_name_the_json_path(void **state)
+{
+	static const struct {
+		Histd__V1__Format f;
+		const char *body;   /* %s: the URL */
+		const char *path;
+	} sites[] = {
+		{ A, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		     "\"image\",\"source\":{\"type\":\"url\",\"url\":\"%s\"}}]}]}",
+		  "messages[0].content[0].source.url" },
+		{ A, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		     "\"document\",\"source\":{\"type\":\"url\",\"url\":\"%s\"}}]}]}",
+		  "messages[0].content[0].source.url" },
+		{ C, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		     "\"image_url\",\"image_url\":{\"url\":\"%s\"}}]}]}",
+		  "messages[0].content[0].image_url.url" },
+		{ C, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		     "\"file\",\"file\":{\"file_data\":\"%s\",\"filename\":"
+		     "\"a.pdf\"}}]}]}",
+		  "messages[0].content[0].file.file_data" },
+		{ M, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		     "\"image_url\",\"image_url\":\"%s\"}]}]}",
+		  "messages[0].content[0].image_url" },
+		{ M, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		     "\"image_url\",\"image_url\":{\"url\":\"%s\"}}]}]}",
+		  "messages[0].content[0].image_url.url" },
+		{ M, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		     "\"document_url\",\"document_url\":\"%s\"}]}]}",
+		  "messages[0].content[0].document_url" },
+		{ R, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		     "\"input_image\",\"image_url\":\"%s\"}]}]}",
+		  "input[0].content[0].image_url" },
+		{ R, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		     "\"input_file\",\"file_data\":\"%s\",\"filename\":"
+		     "\"a.pdf\"}]}]}",
+		  "input[0].content[0].file_data" },
+		{ R, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		     "\"input_file\",\"file_url\":\"%s\"}]}]}",
+		  "input[0].content[0].file_url" },
+		{ G, "{\"contents\":[{\"role\":\"user\",\"parts\":[{\"fileData\":"
+		     "{\"mimeType\":\"image/png\",\"fileUri\":\"%s\"}}]}]}",
+		  "contents[0].parts[0].fileData.fileUri" },
+	};
+	static const char *const bad[] = {
+		"data:SECRET",                          /* no comma */
+		"data:image/png;base64,SECRET@@",       /* not base64 */
+		"data:image/png;base64,SECRETx",        /* not a multiple of 4 */
+		"data:image/png;base64,AB==",           /* not canonical */
+		"data:image/png;base64,SECR ET=",       /* a space */
+		"data:;base64,AAAA",                    /* no media type */
+		"data:image;base64,AAAA",               /* no subtype */
+		"data:,SECRET",                         /* no media type */
+		"data:image/png;base6,AAAA",            /* not base64 */
+		"data:image/png;base64;x=y,AAAA",       /* base64 not last */
+		"data:text/plain,SECRET%zz",            /* bad %-escape */
+	};
+	static const char *const good[] = {
+		"data:image/png;base64,AAAA",
+		"data:application/pdf;base64,JVBERi0=",
+		"data:text/plain;charset=utf-8,a%20b",
+		"data:image/png;base64,",
+		"https://example.com/a.png",
+	};
+	char body[1024];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(sites) / sizeof(sites[0]); i++) {
+		for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+			snprintf(body, sizeof(body), sites[i].body, bad[k]);
+			assert_invalid(sites[i].f, body, sites[i].path);
+			assert_non_null(strstr(histd_error_message(),
+					       "data: URI"));
+		}
+		for (size_t k = 0; k < sizeof(good) / sizeof(good[0]); k++) {
+			/* file_data takes data URIs only. */
+			if (strncmp(good[k], "data:", 5) &&
+			    strstr(sites[i].path, "file_data"))
+				continue;
+			snprintf(body, sizeof(body), sites[i].body, good[k]);
+			if (import(sites[i].f, body, strlen(body), NULL)) {
+				fprintf(stderr, "body %s\n  refused: %s\n",
+					body, histd_error_message());
+				fail();
+			}
+		}
+	}
+}
+
 int
 main(void)
 {
@@ -460,6 +551,7 @@ main(void)
 		cmocka_unit_test(message_count_is_limited),
 		cmocka_unit_test(every_member_of_the_wrong_type_is_handled),
 		cmocka_unit_test(random_byte_damage_never_crashes),
+		cmocka_unit_test(malformed_data_uris_name_the_json_path),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
