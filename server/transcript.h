@@ -47,7 +47,7 @@ int histd_transcript_export_messages(Histd__V1__Format format,
 
 /* How many of the session's newest messages an Import reads to find the
  * tool calls still open before its body (below). */
-#define HISTD_IMPORT_TAIL 1000
+#define HISTD_IMPORT_TAIL 100
 
 /* Checks req->format, converts req->json into out (see
  * histd_transcript_from_json; lim NULL: defaults; the caller sets

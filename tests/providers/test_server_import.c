@@ -191,12 +191,10 @@ a_call_older_than_the_tail_is_not_seen(void **state)
 
 	(void)state;
 	import_one_call(id);
-	/* 1000 messages after the call: the call falls out of the tail
+	/* 100 messages after the call: the call falls out of the tail
 	 * (HISTD_IMPORT_TAIL). */
-	for (int i = 0; i < 10; i++)
-		assert_int_equal(t_append_texts(client, id, 100, "filler", 0,
-						NULL),
-				 GRPC_STATUS_OK);
+	assert_int_equal(t_append_texts(client, id, 100, "filler", 0, NULL),
+			 GRPC_STATUS_OK);
 	assert_int_equal(import_gemini(id, "{\"contents\":[" RESP("f") "]}",
 				       details, sizeof(details)),
 			 GRPC_STATUS_INVALID_ARGUMENT);
