@@ -42,6 +42,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "histd/v1/histd.pb-c.h"
 #include "histd_error.h"
 
@@ -99,6 +101,12 @@ typedef struct histd_transcript {
 } histd_transcript;
 
 void histd_transcript_clear(histd_transcript *t);
+
+/* What a failed jansson parse found, as a phrase that follows the value's
+ * name: "is not valid JSON", with the reason where jansson's error code
+ * gives one ("is not valid JSON: it holds a \\u0000 (NUL) character").
+ * Never quotes the input, as jansson's own text may. */
+const char *histd_json_error_why(const json_error_t *e);
 /* Appends m, which t then owns; 0, or ENOMEM with m still the caller's. */
 int histd_transcript_add(histd_transcript *t, Histd__V1__Message *m);
 

@@ -956,8 +956,8 @@ check_tool_call(const Histd__V1__ToolCallBlock *b, const char *path)
 		       &jerr);
 	if (!j)
 		return histd_error_set(HISTD_EINVALID,
-			"%s.tool_call.arguments is not valid JSON (line %d, "
-			"column %d)", path, jerr.line, jerr.column);
+			"%s.tool_call.arguments %s (line %d, column %d)", path,
+			histd_json_error_why(&jerr), jerr.line, jerr.column);
 	json_decref(j);
 	return 0;
 }

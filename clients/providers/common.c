@@ -1306,6 +1306,31 @@ histd_b64_decode(const char *s, size_t len, uint8_t **out, size_t *out_len)
 /* ---------------------------------------------------------------------- */
 /* Entry points                                                           */
 
+const char *
+histd_json_error_why(const json_error_t *e)
+{
+	/* jansson's own text may quote the input, which is conversation
+	 * data: only its error code is used. */
+	switch (json_error_code(e)) {
+	case json_error_stack_overflow:
+		return "is not valid JSON: it nests too deeply";
+	case json_error_null_character:
+		return "is not valid JSON: it holds a \\u0000 (NUL) character";
+	case json_error_invalid_utf8:
+		return "is not valid JSON: it is not valid UTF-8";
+	case json_error_duplicate_key:
+		return "is not valid JSON: it repeats a key in one object";
+	case json_error_premature_end_of_input:
+		return "is not valid JSON: it ends before its value does";
+	case json_error_numeric_overflow:
+		return "is not valid JSON: it holds a number too large";
+	case json_error_end_of_input_expected:
+		return "is not valid JSON: it holds more after its value";
+	default:
+		return "is not valid JSON";
+	}
+}
+
 /* Depth and string sizes of a value; the path stays at its root, since
  * keys below a tool's arguments are conversation data. */
 static int
@@ -1403,10 +1428,15 @@ histd_transcript_from_json(Histd__V1__Format format, const char *json,
 	/* jansson refuses NUL in strings and invalid UTF-8 by default and
 	 * stops nesting at its own depth limit, so no input crashes it. */
 	root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!root)
+	if (!root && json_error_code(&jerr) == json_error_stack_overflow)
 		return histd_error_set(HISTD_EINVALID,
-			"json is not valid JSON (line %d, column %d)",
+			"json is not valid JSON: it is nested deeper than %u "
+			"levels (line %d, column %d)", lim->max_depth,
 			jerr.line, jerr.column);
+	if (!root)
+		return histd_error_set(HISTD_EINVALID, "json %s (line %d, "
+				       "column %d)", histd_json_error_why(&jerr),
+				       jerr.line, jerr.column);
 	memset(&im, 0, sizeof(im));
 	im.lim = lim;
 	im.key = ops->key;

@@ -152,9 +152,15 @@ deep_nesting_is_refused(void **state)
 	char *deep = nested("[", "]", 200000), *body;
 
 	(void)state;
-	/* Far past jansson's own limit: a parse error, no stack overflow. */
-	assert_int_equal(import(A, deep, strlen(deep), NULL), HISTD_EINVALID);
+	/* Far past jansson's own limit: a parse error, no stack overflow,
+	 * and the error says why. */
+	assert_invalid(A, deep, "json is not valid JSON: it is nested deeper "
+		       "than 64 levels");
 	free(deep);
+	/* jansson refuses \u0000, which a C string could not hold. */
+	assert_invalid(A, "{\"messages\":[{\"role\":\"user\",\"content\":"
+		       "\"a\\u0000b\"}]}",
+		       "json is not valid JSON: it holds a \\u0000 (NUL) character");
 	/* Past ours (64) inside tool arguments: the path stops at the
 	 * message, since the keys below are conversation data. */
 	deep = nested("{\"SECRET\":", "}", 70);
