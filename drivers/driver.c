@@ -475,12 +475,20 @@ int
 histd_driver_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 {
 	histd_read_result r = { 0 };
+	histd_read capped;
 	int rc;
 
 	if (!q || !res)
 		return histd_error_set(HISTD_EINVALID, "read query or result is NULL");
 	if ((rc = check_names(d, q->tenant, q->session_id)))
 		return rc;
+	/* No seq passes INT64_MAX (PostgreSQL keeps them as bigint, where a
+	 * larger after_seq would wrap negative and match every message). */
+	if (q->after_seq > INT64_MAX) {
+		capped = *q;
+		capped.after_seq = INT64_MAX;
+		q = &capped;
+	}
 	rc = OBSERVED("read", d->read(d, q, &r));
 	if (rc == 0 && q->want_summary && !r.summary_read && !r.known) {
 		histd_record_free(r.summary);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "index/index.h"
 #include "service.h"
 
 #define DEFAULT_K 10
@@ -58,9 +59,18 @@ histd_search_session_embedding(const uint8_t *config, size_t len,
 /* ---------------------------------------------------------------------- */
 /* The request                                                             */
 
+static void
+count_word(void *ctx, const char *tok, size_t len)
+{
+	(void)tok;
+	(void)len;
+	(*(size_t *)ctx)++;
+}
+
 static int
 check_request(const Histd__V1__SearchRequest *r, histd_search_query *q)
 {
+	size_t words = 0;
 	int rc;
 
 	if (!r->query[0])
@@ -68,6 +78,11 @@ check_request(const Histd__V1__SearchRequest *r, histd_search_query *q)
 	if (strlen(r->query) > QUERY_MAX)
 		return histd_error_set(HISTD_EINVALID,
 				       "query is longer than %d bytes", QUERY_MAX);
+	/* Here, not only in the drivers: also when nothing is in scope. */
+	histd_index_tokens(r->query, strlen(r->query), count_word, &words);
+	if (!words)
+		return histd_error_set(HISTD_EINVALID,
+				       "query has no word to search for");
 	if (r->session_id[0] &&
 	    (rc = histd_check_session_id(r->session_id, "session_id")))
 		return rc;

@@ -65,7 +65,7 @@ pg_error(pg_driver *d, PGconn *pg, const PGresult *r, int *retry)
 
 		if (cons && !strcmp(cons, "sessions_tenant_id"))
 			return histd_error_set(HISTD_EEXISTS,
-					       "session_id already exists");
+					       "session id already exists");
 		if (cons && !strcmp(cons, "sessions_tenant_context_keys"))
 			return histd_error_set(HISTD_EEXISTS,
 					       "another session has the same context_keys");

@@ -55,7 +55,7 @@ tenant_full(const pg_driver *d, const PGresult *r, int row)
 	int taken = pg_r_i32(r, row, 1);
 
 	if (taken == 1)
-		return histd_error_set(HISTD_EEXISTS, "session_id already exists");
+		return histd_error_set(HISTD_EEXISTS, "session id already exists");
 	if (taken == 2)
 		return histd_error_set(HISTD_EEXISTS,
 				       "another session has the same context_keys");
@@ -890,7 +890,7 @@ tool_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	pg_p_text(&p, a->id);
 	if (!pg_utf8_ok(a->call_id, strlen(a->call_id)))
 		return histd_error_set(HISTD_ENOTFOUND,
-				       "no tool result answers tool_call_id");
+				       "no stored tool result answers tool_call_id");
 	pg_p_text(&p, a->call_id);
 	if ((rc = pg_exec(d, c, ST_TOOL_RESULT, &p, &r, retry)))
 		return rc;
@@ -901,7 +901,7 @@ tool_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	if (pg_r_null(r, 0, 1)) {
 		PQclear(r);
 		return histd_error_set(HISTD_ENOTFOUND,
-				       "no tool result answers tool_call_id");
+				       "no stored tool result answers tool_call_id");
 	}
 	data = pg_r_str(r, 0, 3, &len);
 	a->out = pg_record_msg((uint64_t)pg_r_i64(r, 0, 1),

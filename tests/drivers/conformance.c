@@ -2844,6 +2844,9 @@ static void read_pages_by_after_seq_and_limit(void **state)
 		{ .after_seq = 4, .limit = 0, .want_first = 5, .want_n = 6 },
 		{ .after_seq = 10, .limit = 5 },
 		{ .after_seq = 50, .limit = 0 },
+		/* Past what a signed 64-bit seq holds: still nothing. */
+		{ .after_seq = (uint64_t)INT64_MAX + 1, .limit = 0 },
+		{ .after_seq = UINT64_MAX, .limit = 3 },
 	};
 	histd_read_result rr;
 	tmsg m[10];

@@ -336,6 +336,13 @@ search_checks_the_request(void **state)
 	assert_int_equal(search(a, r, &s), GRPC_STATUS_INVALID_ARGUMENT);
 	r = req(a, "--- ...", 10);
 	assert_int_equal(search(a, r, &s), GRPC_STATUS_INVALID_ARGUMENT);
+	/* Also when no session is in scope. */
+	r->label_selector = ta_alloc(a, sizeof(void *));
+	r->label_selector[0] = tm_entry(a,
+		&histd__v1__search_request__label_selector_entry__descriptor,
+		"team", "nobody");
+	r->n_label_selector = 1;
+	assert_int_equal(search(a, r, &s), GRPC_STATUS_INVALID_ARGUMENT);
 	r = req(a, "bread", 101);
 	assert_int_equal(search(a, r, &s), GRPC_STATUS_INVALID_ARGUMENT);
 	/* The selector's keys follow the labels' rules, as in ListSessions. */
