@@ -322,37 +322,53 @@ read_varint(const uint8_t *p, size_t avail, uint64_t *v)
 
 enum { SCAN_OK, SCAN_TOO_DEEP, SCAN_NUL };
 
+/* The field at p (avail bytes): its key, and for a length-delimited one
+ * its payload (*val, *val_len). Returns the field's whole size, or 0 when
+ * the bytes are malformed. */
+static size_t
+wire_field(const uint8_t *p, size_t avail, uint64_t *key,
+	   const uint8_t **val, size_t *val_len)
+{
+	uint64_t v;
+	size_t n = read_varint(p, avail, key), m;
+
+	if (!n)
+		return 0;
+	switch (*key & 7) {
+	case 0:
+		m = read_varint(p + n, avail - n, &v);
+		return m ? n + m : 0;
+	case 1:
+		return avail - n >= 8 ? n + 8 : 0;
+	case 5:
+		return avail - n >= 4 ? n + 4 : 0;
+	case 2:
+		m = read_varint(p + n, avail - n, &v);
+		if (!m || v > avail - n - m)
+			return 0;
+		*val = p + n + m;
+		*val_len = (size_t)v;
+		return n + m + (size_t)v;
+	default:
+		return 0;
+	}
+}
+
 /* How many fields numbered `number` the message in p holds before offset
  * end: the index of a repeated field's element, for the error's path. */
 static long
 index_of_field(const uint8_t *p, size_t end, uint64_t number)
 {
-	size_t i = 0;
+	const uint8_t *val;
+	size_t i = 0, n, val_len;
+	uint64_t key;
 	long count = 0;
 
-	while (i < end) {
-		uint64_t key, v;
-		size_t n = read_varint(p + i, end - i, &key);
-
-		if (!n)
-			break;
-		i += n;
-		if ((key & 7) == 0) {
-			n = read_varint(p + i, end - i, &v);
-		} else if ((key & 7) == 2) {
-			n = read_varint(p + i, end - i, &v);
-			if (n && v <= end - i - n)
-				n += (size_t)v;
-			else
-				n = 0;
-		} else {
-			n = (key & 7) == 1 ? 8 : 4;
-		}
-		if (!n || n > end - i)
-			break;
-		i += n;
+	while (i < end && (n = wire_field(p + i, end - i, &key, &val,
+					  &val_len))) {
 		if ((key >> 3) == number)
 			count++;
+		i += n;
 	}
 	return count;
 }
@@ -373,59 +389,37 @@ scan_request(const ProtobufCMessageDescriptor *d, const uint8_t *p,
 		return SCAN_TOO_DEEP;
 	while (i < len) {
 		const ProtobufCFieldDescriptor *f;
-		uint64_t key, v;
-		size_t n = read_varint(p + i, len - i, &key), at = i;
-		int rc;
+		const uint8_t *val = NULL;
+		size_t val_len = 0;
+		uint64_t key;
+		size_t n = wire_field(p + i, len - i, &key, &val, &val_len);
+		int rc = SCAN_OK;
 
 		if (!n)
 			return SCAN_OK;
-		i += n;
-		switch (key & 7) {
-		case 0:
-			if (!(n = read_varint(p + i, len - i, &v)))
-				return SCAN_OK;
+		if ((key & 7) != 2) {
 			i += n;
-			break;
-		case 1:
-			if (len - i < 8)
-				return SCAN_OK;
-			i += 8;
-			break;
-		case 5:
-			if (len - i < 4)
-				return SCAN_OK;
-			i += 4;
-			break;
-		case 2:
-			if (!(n = read_varint(p + i, len - i, &v)) ||
-			    v > len - i - n)
-				return SCAN_OK;
-			i += n;
-			f = (key >> 3) <= UINT32_MAX ?
-			    protobuf_c_message_descriptor_get_field(d,
-					(unsigned)(key >> 3)) : NULL;
-			rc = SCAN_OK;
-			if (f && f->type == PROTOBUF_C_TYPE_MESSAGE)
-				rc = scan_request(f->descriptor, p + i,
-						  (size_t)v, depth + 1, w);
-			else if (f && f->type == PROTOBUF_C_TYPE_STRING &&
-				 memchr(p + i, 0, (size_t)v)) {
-				rc = SCAN_NUL;
-				w->depth = depth + 1;
-			}
-			if (rc == SCAN_NUL) {
-				w->name[depth] = f->name;
-				w->index[depth] =
-					f->label == PROTOBUF_C_LABEL_REPEATED ?
-					index_of_field(p, at, key >> 3) : -1;
-			}
-			if (rc != SCAN_OK)
-				return rc;
-			i += (size_t)v;
-			break;
-		default:
-			return SCAN_OK;
+			continue;
 		}
+		f = (key >> 3) <= UINT32_MAX ?
+		    protobuf_c_message_descriptor_get_field(d,
+				(unsigned)(key >> 3)) : NULL;
+		if (f && f->type == PROTOBUF_C_TYPE_MESSAGE)
+			rc = scan_request(f->descriptor, val, val_len,
+					  depth + 1, w);
+		else if (f && f->type == PROTOBUF_C_TYPE_STRING &&
+			 memchr(val, 0, val_len)) {
+			rc = SCAN_NUL;
+			w->depth = depth + 1;
+		}
+		if (rc == SCAN_NUL) {
+			w->name[depth] = f->name;
+			w->index[depth] = f->label == PROTOBUF_C_LABEL_REPEATED ?
+					  index_of_field(p, i, key >> 3) : -1;
+		}
+		if (rc != SCAN_OK)
+			return rc;
+		i += n;
 	}
 	return SCAN_OK;
 }

@@ -159,6 +159,18 @@ corpus(tarena *a)
 	append(a, "travel", travel, 4);
 }
 
+/* Sets r's label selector to the one pair key=value. */
+static void
+select_one(tarena *a, Histd__V1__SearchRequest *r, const char *key,
+	   const char *value)
+{
+	r->label_selector = ta_alloc(a, sizeof(void *));
+	r->label_selector[0] = tm_entry(a,
+		&histd__v1__search_request__label_selector_entry__descriptor,
+		key, value);
+	r->n_label_selector = 1;
+}
+
 /* Calls Search; *out is the caller's (histd_client_message_free). */
 static grpc_status_code
 search(tarena *a, Histd__V1__SearchRequest *r, Histd__V1__SearchResponse **out)
@@ -246,7 +258,6 @@ search_scopes_roles_and_exclude_newest(void **state)
 	Histd__V1__SearchResponse *s;
 	Histd__V1__SearchRequest *r;
 	Histd__V1__Role *roles;
-	void **sel;
 
 	(void)state;
 	corpus(a);
@@ -260,11 +271,7 @@ search_scopes_roles_and_exclude_newest(void **state)
 	histd_client_message_free(&s->base);
 	/* Labels. */
 	r = req(a, "sourdough vienna rye", 10);
-	sel = ta_alloc(a, sizeof(void *));
-	sel[0] = tm_entry(a, &histd__v1__search_request__label_selector_entry__descriptor,
-			  "team", "red");
-	r->n_label_selector = 1;
-	r->label_selector = (Histd__V1__SearchRequest__LabelSelectorEntry **)sel;
+	select_one(a, r, "team", "red");
 	assert_int_equal(search(a, r, &s), GRPC_STATUS_OK);
 	assert_int_equal(s->n_hits, 3);
 	for (size_t i = 0; i < s->n_hits; i++)
@@ -337,21 +344,13 @@ search_checks_the_request(void **state)
 	r = req(a, "--- ...", 10);
 	assert_int_equal(search(a, r, &s), GRPC_STATUS_INVALID_ARGUMENT);
 	/* Also when no session is in scope. */
-	r->label_selector = ta_alloc(a, sizeof(void *));
-	r->label_selector[0] = tm_entry(a,
-		&histd__v1__search_request__label_selector_entry__descriptor,
-		"team", "nobody");
-	r->n_label_selector = 1;
+	select_one(a, r, "team", "nobody");
 	assert_int_equal(search(a, r, &s), GRPC_STATUS_INVALID_ARGUMENT);
 	r = req(a, "bread", 101);
 	assert_int_equal(search(a, r, &s), GRPC_STATUS_INVALID_ARGUMENT);
 	/* The selector's keys follow the labels' rules, as in ListSessions. */
 	r = req(a, "bread", 10);
-	r->label_selector = ta_alloc(a, sizeof(void *));
-	r->label_selector[0] = tm_entry(a,
-		&histd__v1__search_request__label_selector_entry__descriptor,
-		"bad key", "v");
-	r->n_label_selector = 1;
+	select_one(a, r, "bad key", "v");
 	assert_int_equal(search(a, r, &s), GRPC_STATUS_INVALID_ARGUMENT);
 	r = req(a, "bread", 10);
 	r->session_id = ta_strdup(a, "nope");
