@@ -562,12 +562,19 @@ summary_message(histd_view *v, const Histd__V1__Summary *sum)
 	return m;
 }
 
-/* A pipeline of one window for a request's last_n. */
+/* The window plugin's largest max_messages. */
+#define WINDOW_MAX_MESSAGES 10000000u
+
+/* A pipeline of one window for a request's last_n. RAW takes any last_n,
+ * so CONTEXT does too: above the window's limit it counts as the limit
+ * (10,000,000 messages). */
 static int
 last_n_window(uint32_t n, histd_pipeline **out)
 {
 	char spec[64];
 
+	if (n > WINDOW_MAX_MESSAGES)
+		n = WINDOW_MAX_MESSAGES;
 	snprintf(spec, sizeof(spec), "window:max_messages=%" PRIu32, n);
 	return histd_pipeline_parse(spec, "last_n", out);
 }

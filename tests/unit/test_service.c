@@ -1581,6 +1581,27 @@ raw_fast_path_bytes_are_a_valid_response_equal_to_the_stored_messages(void **sta
 	free(rep.data);
 }
 
+/* CONTEXT takes every last_n RAW takes: above the window's own limit of
+ * 10,000,000 it means the whole view. */
+static void
+context_last_n_takes_any_value(void **state)
+{
+	Histd__V1__GetMessagesResponse *g = NULL;
+
+	(void)state;
+	create("n");
+	append_n("n", 5);
+	assert_int_equal(get_messages_on(svc, "n", HISTD__V1__VIEW__VIEW_CONTEXT,
+					 0, 0, 2, &g), 0);
+	assert_seqs(g, 4, 2);
+	assert_int_equal(get_messages_on(svc, "n", HISTD__V1__VIEW__VIEW_CONTEXT,
+					 0, 0, 10000001, &g), 0);
+	assert_seqs(g, 1, 5);
+	assert_int_equal(get_messages_on(svc, "n", HISTD__V1__VIEW__VIEW_CONTEXT,
+					 0, 0, UINT32_MAX, &g), 0);
+	assert_seqs(g, 1, 5);
+}
+
 static void
 context_view_without_pipeline_or_summary_holds_every_message(void **state)
 {
@@ -2088,6 +2109,7 @@ main(void)
 		T(an_idempotent_retry_returns_the_first_answer_and_appends_nothing),
 		T(get_messages_pages_by_after_seq_and_limit),
 		T(get_messages_clamps_limit_and_last_n_to_the_page_size),
+		T(context_last_n_takes_any_value),
 		T(get_messages_pages_end_at_the_response_size_limit),
 		T(raw_fast_path_bytes_are_a_valid_response_equal_to_the_stored_messages),
 		T(context_view_without_pipeline_or_summary_holds_every_message),
