@@ -143,6 +143,23 @@ try:
     check(code_of(lambda: raw(b"\x0a\xff\xff\xff\xff\x0f garbage", metadata=md(KEY_A)))
           == grpc.StatusCode.INVALID_ARGUMENT, "malformed protobuf: INVALID_ARGUMENT")
 
+    # A string holding a NUL would be stored cut short: refused, naming the
+    # field, on a stream as on a unary call.
+    for what, fn in (
+            ("Subscribe", lambda: next(s.Subscribe(
+                pb.SubscribeRequest(session_id="shared-id\0zz"), metadata=md(KEY_A), timeout=5))),
+            ("GetSession", lambda: s.GetSession(pb.GetSessionRequest(session_id="shared-id\0zz"),
+                                                metadata=md(KEY_A), timeout=5))):
+        try:
+            fn()
+            got = (grpc.StatusCode.OK, "")
+        except grpc.RpcError as e:
+            got = (e.code(), e.details())
+        check(got[0] == grpc.StatusCode.INVALID_ARGUMENT and
+              "session_id holds a NUL character" in got[1],
+              "%s with a NUL in session_id: INVALID_ARGUMENT naming it (%s: %s)"
+              % (what, got[0], got[1]))
+
     # Key reload: a key added to the file works without a restart.
     with open(keys, "a") as f:
         f.write("%s charlie\n" % KEY_C)
