@@ -1228,7 +1228,7 @@ histd_index_search(histd_index *ix, const histd_search_query *q,
 {
 	const int tool = q->include_tool_results;
 	qterms qt;
-	float *acc = NULL;
+	double *acc = NULL;     /* double, as PostgreSQL scores: equal ranks */
 	uint32_t *touched = NULL, n_touched = 0;
 	uint32_t *tmp_doc = NULL;
 	float *tmp_tf = NULL;
@@ -1311,7 +1311,7 @@ histd_index_search(histd_index *ix, const histd_search_query *q,
 			if (acc[tmp_doc[j]] == 0)
 				touched[n_touched++] = tmp_doc[j];
 			/* Never 0 once touched, so a document is listed once. */
-			acc[tmp_doc[j]] += (float)(s > 1e-9 ? s : 1e-9);
+			acc[tmp_doc[j]] += s > 1e-9 ? s : 1e-9;
 		}
 	}
 	for (uint32_t j = 0; j < n_touched; j++) {
