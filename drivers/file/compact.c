@@ -470,6 +470,16 @@ unlock:
 /* ---------------------------------------------------------------------- */
 /* The compaction thread                                                   */
 
+/* A compaction failed (its reason in histd_error_message): said, and
+ * tried again after RETRY_US. */
+static void
+failed_locked(hf_driver *d)
+{
+	hf_log_line(d, HF_LOG_WARN, "file driver: compaction failed; retrying later",
+		    "dir", d->dir, "error", histd_error_message(), NULL);
+	d->maint_next_us = mono_us() + RETRY_US;
+}
+
 static void *
 maint_main(void *arg)
 {
@@ -487,14 +497,19 @@ maint_main(void *arg)
 		pthread_mutex_unlock(&d->maint_mu);
 		rc = hf_compact(d, 0);
 		pthread_mutex_lock(&d->maint_mu);
-		if (rc && !d->maint_stop) {
-			hf_log_line(d, HF_LOG_WARN, "file driver: compaction failed; retrying later",
-				    "dir", d->dir, "error", histd_error_message(), NULL);
-			d->maint_next_us = mono_us() + RETRY_US;
-		}
+		if (rc && !d->maint_stop)
+			failed_locked(d);
 	}
 	pthread_mutex_unlock(&d->maint_mu);
 	return NULL;
+}
+
+void
+hf_maint_failed(hf_driver *d)
+{
+	pthread_mutex_lock(&d->maint_mu);
+	failed_locked(d);
+	pthread_mutex_unlock(&d->maint_mu);
 }
 
 int

@@ -1470,10 +1470,20 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 		fd_close(&d->base);
 		return rc;
 	}
-	if ((rc = hf_maint_start(d)) ||
-	    (hf_compact_wanted(d) && (rc = hf_compact(d, 0)))) {
+	if ((rc = hf_maint_start(d))) {
 		fd_close(&d->base);
 		return rc;
+	}
+	/* Above the garbage ratio: compact now. The data is whole and
+	 * loaded whether or not that works (a full disk may have no room for
+	 * the snapshot), so only a failed log stops the open; anything else
+	 * is retried later, as online. */
+	if (hf_compact_wanted(d) && (rc = hf_compact(d, 0))) {
+		if (hf_wal_failed(d->wal)) {
+			fd_close(&d->base);
+			return rc;
+		}
+		hf_maint_failed(d);
 	}
 	d->open_us = (uint64_t)(mono_us() - t0);
 	*out = &d->base;

@@ -73,8 +73,10 @@
  *   snapshot-<new>.tmp, fsyncs it, renames it, fsyncs the directory,
  *   deletes the older files, and re-points every message still stored as
  *   captured at its bytes in the mapped snapshot, so no mapping keeps a
- *   deleted file's space. The same check runs at open. Every new or
- *   renamed file is made durable by an fsync of the directory.
+ *   deleted file's space. The same check runs at open; a compaction
+ *   that fails there (no room for the snapshot) is retried later, as
+ *   online, and the open goes on. Every new or renamed file is made
+ *   durable by an fsync of the directory.
  */
 #ifndef HISTD_FILE_H
 #define HISTD_FILE_H

@@ -506,5 +506,7 @@ int hf_maint_start(hf_driver *d);
 void hf_maint_stop(hf_driver *d);
 /* After a write: wakes the compaction thread if it is time. */
 void hf_maint_poke(hf_driver *d);
+/* A compaction outside the thread failed: logged, retried later. */
+void hf_maint_failed(hf_driver *d);
 
 #endif

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -505,6 +506,79 @@ compaction_reclaims_what_clear_and_delete_left(void **state)
 	assert_int_equal(histd_file_driver_stats(d, &st), 0);
 	assert_int_equal(st.compactions, 1);
 	assert_true(st.file_bytes < 100000);
+	after = dump(d);
+	assert_string_equal(before, after);
+	histd_driver_close(d);
+	free(before);
+	free(after);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* The file size limit before a test lowered it: restored even when the
+ * test fails. */
+static struct rlimit fsize_was;
+static int fsize_lowered;
+
+static int
+restore_fsize(void **state)
+{
+	(void)state;
+	if (!fsize_lowered)
+		return 0;
+	fsize_lowered = 0;
+	signal(SIGXFSZ, SIG_DFL);
+	return setrlimit(RLIMIT_FSIZE, &fsize_was);
+}
+
+/* A compaction at open that cannot write its snapshot (a full disk,
+ * here a file size limit) leaves the data served from the logs as they
+ * are; a later open with room compacts. */
+static void
+compaction_failing_at_open_still_opens(void **state)
+{
+	char *dir = tmpdir_new(), *before, *after;
+	histd_file_options opt;
+	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "never" };
+	histd_driver *d = NULL;
+	histd_file_stats st;
+	struct rlimit small;
+	char big[2000];
+
+	(void)state;
+	histd_file_options_default(&opt);
+	opt.compact_min_bytes = UINT64_MAX;
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	create(d, "t2", "keep", NULL, 0, NULL, 0);
+	for (int i = 0; i < 100; i++)
+		must_append(d, "t2", "keep", big);
+	create(d, "t2", "a", NULL, 0, NULL, 0);
+	for (int i = 0; i < 1000; i++)
+		must_append(d, "t2", "a", big);
+	assert_int_equal(histd_driver_session_delete(d, "t2", "a", 0, NULL), 0);
+	histd_driver_close(d);
+
+	/* The snapshot (200 KB) cannot be written; the new log can. */
+	assert_int_equal(getrlimit(RLIMIT_FSIZE, &fsize_was), 0);
+	small = fsize_was;
+	small.rlim_cur = 100 << 10;
+	signal(SIGXFSZ, SIG_IGN);
+	fsize_lowered = 1;
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+	opt.compact_min_bytes = 1 << 20;
+	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	assert_int_equal(histd_file_driver_stats(d, &st), 0);
+	assert_int_equal(st.compactions, 0);
+	must_append(d, "t2", "keep", "after the failed compaction");
+	before = dump(d);
+	histd_driver_close(d);
+	assert_int_equal(restore_fsize(NULL), 0);
+
+	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	assert_int_equal(histd_file_driver_stats(d, &st), 0);
+	assert_int_equal(st.compactions, 1);
 	after = dump(d);
 	assert_string_equal(before, after);
 	histd_driver_close(d);
@@ -1095,6 +1169,8 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(state_survives_reopen_and_compaction),
 		cmocka_unit_test(compaction_reclaims_what_clear_and_delete_left),
+		cmocka_unit_test_teardown(compaction_failing_at_open_still_opens,
+					  restore_fsize),
 		cmocka_unit_test(torn_last_record_is_truncated_at_every_offset),
 		cmocka_unit_test(corrupted_last_record_is_truncated_at_every_offset),
 		cmocka_unit_test(corrupted_middle_record_refuses_to_open_at_every_offset),
