@@ -46,10 +46,12 @@
  * Recovery
  *   A bad frame (short, bad length or checksum) in the last log after
  *   which no valid frame exists is a torn tail: it is truncated and a
- *   warning line is written on stderr. A bad frame anywhere else, a frame
- *   that does not follow its session's state, a bad snapshot or a missing
- *   generation is corruption: open fails with ECORRUPT naming the file and
- *   offset, and histd refuses to start. Nothing is silently dropped, and
+ *   warning line is written on stderr. Zeros from a frame boundary to the
+ *   end of the last log are space the writer prepared: cut, with an info
+ *   line; zeros ending any other file are corruption. A bad frame anywhere
+ *   else, a frame that does not follow its session's state, a bad
+ *   snapshot or a missing generation is corruption: open fails with
+ *   ECORRUPT naming the file and offset, and histd refuses to start. Nothing is silently dropped, and
  *   a refused open leaves the logs and snapshots as they were.
  *   Checksums are checked on a second thread ahead of the replay (two
  *   frames in three; the replay checks the third before applying it).

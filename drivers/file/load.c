@@ -754,6 +754,26 @@ truncate_tail(replay *r, int fd, uint64_t off, uint64_t size)
 	return 0;
 }
 
+/* Cuts the zeros the writer had prepared ahead of the last record: only
+ * a histd that did not stop cleanly leaves them. Said, because zeros are
+ * also what a lost disk block reads as. */
+static int
+cut_prepared(replay *r, int fd, uint64_t off, uint64_t size)
+{
+	char o[32], n[32];
+
+	if (ftruncate(fd, (off_t)off) != 0 || fdatasync(fd) != 0)
+		return histd_error_set(HISTD_EUNAVAILABLE, "cannot truncate %s: %s",
+				       r->path, strerror(errno));
+	snprintf(o, sizeof(o), "%llu", (unsigned long long)off);
+	snprintf(n, sizeof(n), "%llu", (unsigned long long)(size - off));
+	hf_log_line(r->d, HF_LOG_INFO,
+		    "file driver: cut the zeros prepared after the last record "
+		    "(histd had not stopped cleanly)",
+		    "file", r->path, "offset", o, "bytes", n, NULL);
+	return 0;
+}
+
 /*
  * Checks frames ahead of the replay on another core: the checksums cost
  * more than the rest of the load. The verifier walks the chain of frame
@@ -926,15 +946,17 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 			continue;
 		}
 		/* Zeros from a frame boundary to the end: the space the
-		 * writer had prepared, not a record. */
+		 * writer had prepared, not a record. Only the last log can
+		 * have any: a log is trimmed and synced before the next one
+		 * begins, and a snapshot is written exact. */
 		if (all_zero(p + off, size - off)) {
-			if (last && !snapshot && (ftruncate(fd, (off_t)off) != 0 ||
-						  fdatasync(fd) != 0)) {
-				rc = histd_error_set(HISTD_EUNAVAILABLE,
-						     "cannot truncate %s: %s", r.path,
-						     strerror(errno));
+			if (!last || snapshot) {
+				rc = corrupt(&r, "is zeros (only the last log may end "
+					     "in zeros)");
 				goto out;
 			}
+			if ((rc = cut_prepared(&r, fd, off, size)))
+				goto out;
 			size = off;
 			break;
 		}

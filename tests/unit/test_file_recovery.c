@@ -531,26 +531,26 @@ restore_fsize(void **state)
 	return setrlimit(RLIMIT_FSIZE, &fsize_was);
 }
 
-/* A compaction at open that cannot write its snapshot (a full disk,
- * here a file size limit) leaves the data served from the logs as they
- * are; a later open with room compacts. */
-static void
-compaction_failing_at_open_still_opens(void **state)
+/*
+ * Leaves dir with two logs and no snapshot: log-1 (garbage enough to
+ * compact at open), then log-2, begun by a compaction at open that could
+ * not write its snapshot (a full disk; here a file size limit) and so
+ * failed without stopping the open. Returns the state's dump.
+ */
+static char *
+two_logs(const char *dir, histd_file_options *opt)
 {
-	char *dir = tmpdir_new(), *before, *after;
-	histd_file_options opt;
 	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "never" };
 	histd_driver *d = NULL;
 	histd_file_stats st;
 	struct rlimit small;
-	char big[2000];
+	char big[2000], *state;
 
-	(void)state;
-	histd_file_options_default(&opt);
-	opt.compact_min_bytes = UINT64_MAX;
+	histd_file_options_default(opt);
+	opt->compact_min_bytes = UINT64_MAX;
 	memset(big, 'x', sizeof(big) - 1);
 	big[sizeof(big) - 1] = '\0';
-	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	assert_int_equal(histd_file_driver_open_ex(&cfg, opt, &d), 0);
 	create(d, "t2", "keep", NULL, 0, NULL, 0);
 	for (int i = 0; i < 100; i++)
 		must_append(d, "t2", "keep", big);
@@ -567,15 +567,30 @@ compaction_failing_at_open_still_opens(void **state)
 	signal(SIGXFSZ, SIG_IGN);
 	fsize_lowered = 1;
 	assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
-	opt.compact_min_bytes = 1 << 20;
-	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	opt->compact_min_bytes = 1 << 20;
+	assert_int_equal(histd_file_driver_open_ex(&cfg, opt, &d), 0);
 	assert_int_equal(histd_file_driver_stats(d, &st), 0);
 	assert_int_equal(st.compactions, 0);
 	must_append(d, "t2", "keep", "after the failed compaction");
-	before = dump(d);
+	state = dump(d);
 	histd_driver_close(d);
 	assert_int_equal(restore_fsize(NULL), 0);
+	return state;
+}
 
+/* A failed compaction at open leaves the data served from the logs as
+ * they are; a later open with room compacts. */
+static void
+compaction_failing_at_open_still_opens(void **state)
+{
+	char *dir = tmpdir_new(), *before, *after;
+	histd_file_options opt;
+	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "never" };
+	histd_driver *d = NULL;
+	histd_file_stats st;
+
+	(void)state;
+	before = two_logs(dir, &opt);
 	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
 	assert_int_equal(histd_file_driver_stats(d, &st), 0);
 	assert_int_equal(st.compactions, 1);
@@ -584,6 +599,48 @@ compaction_failing_at_open_still_opens(void **state)
 	histd_driver_close(d);
 	free(before);
 	free(after);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* Zeros where a log that is not the last had its last record: a lost
+ * block, not space the writer prepared (it trims a log before the next
+ * one begins). Refused, and the files are left as they were. */
+static void
+zeros_ending_a_log_before_the_last_are_refused(void **state)
+{
+	char *dir = tmpdir_new(), *st, path[512];
+	histd_file_options opt;
+	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "never" };
+	histd_driver *d = NULL;
+	uint8_t *bytes, *again;
+	size_t len, len2, off = 0, last = 0;
+
+	(void)state;
+	st = two_logs(dir, &opt);
+	free(st);
+	path_in(path, sizeof(path), dir, LOG1);
+	bytes = read_file(path, &len);
+	while (off < len) {     /* the header is the first frame */
+		uint32_t n = (uint32_t)bytes[off] | (uint32_t)bytes[off + 1] << 8 |
+			     (uint32_t)bytes[off + 2] << 16 |
+			     (uint32_t)bytes[off + 3] << 24;
+
+		last = off;
+		off += 8 + (size_t)n;
+	}
+	assert_int_equal(off, len);
+	memset(bytes + last, 0, len - last);    /* the session's delete */
+	write_file(path, bytes, len);
+	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d),
+			 HISTD_ECORRUPT);
+	assert_non_null(strstr(histd_error_message(), "is zeros"));
+	assert_non_null(strstr(histd_error_message(), LOG1));
+	again = read_file(path, &len2);
+	assert_int_equal(len2, len);
+	assert_memory_equal(again, bytes, len);
+	free(again);
+	free(bytes);
 	rm_rf(dir);
 	free(dir);
 }
@@ -1170,6 +1227,8 @@ main(void)
 		cmocka_unit_test(state_survives_reopen_and_compaction),
 		cmocka_unit_test(compaction_reclaims_what_clear_and_delete_left),
 		cmocka_unit_test_teardown(compaction_failing_at_open_still_opens,
+					  restore_fsize),
+		cmocka_unit_test_teardown(zeros_ending_a_log_before_the_last_are_refused,
 					  restore_fsize),
 		cmocka_unit_test(torn_last_record_is_truncated_at_every_offset),
 		cmocka_unit_test(corrupted_last_record_is_truncated_at_every_offset),
