@@ -5,7 +5,9 @@
  * it is acknowledged.
  *
  * Data directory
- *   LOCK                    flock(LOCK_EX|LOCK_NB): one histd per directory
+ *   (the directory)         flock(LOCK_EX|LOCK_NB): one histd per directory
+ *   LOCK                    locked the same way (earlier versions lock
+ *                           only this file)
  *   log-<gen>.hsd           the log of generation <gen> (16 hex digits)
  *   snapshot-<gen>.hsd      the whole state as of the start of log-<gen>
  *   *.tmp                   a snapshot being written (removed at start)

@@ -1080,9 +1080,26 @@ oom:
 	return histd_error_set(HISTD_ENOMEM, "out of memory");
 }
 
+/* flock(fd) without waiting; what: "" for the directory, or the file's
+ * name in it. */
+static int
+lock_fd(hf_driver *d, int fd, const char *what)
+{
+	if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+		return 0;
+	if (errno == EWOULDBLOCK)
+		return histd_error_set(HISTD_EUNAVAILABLE,
+				       "data directory %s is in use by another process",
+				       d->dir);
+	return histd_error_set(HISTD_EUNAVAILABLE, "cannot lock %s%s: %s", d->dir,
+			       what, strerror(errno));
+}
+
 static int
 open_dir(hf_driver *d)
 {
+	int rc;
+
 	if (mkdir(d->dir, 0700) == 0) {
 		/* A new directory: its name must be durable too. */
 		char *parent = strdup(d->dir), *slash;
@@ -1111,20 +1128,18 @@ open_dir(hf_driver *d)
 		return histd_error_set(HISTD_EUNAVAILABLE,
 				       "cannot open data directory %s: %s", d->dir,
 				       strerror(errno));
+	/* The directory itself is locked: a LOCK file can be removed while
+	 * histd runs, and the next histd would then lock a new one. LOCK is
+	 * locked too, for a histd of an earlier version (which locks only
+	 * that) starting on the same directory. */
+	if ((rc = lock_fd(d, d->dirfd, "")))
+		return rc;
 	d->lockfd = openat(d->dirfd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (d->lockfd < 0)
 		return histd_error_set(HISTD_EUNAVAILABLE,
 				       "cannot open %s/LOCK: %s", d->dir,
 				       strerror(errno));
-	if (flock(d->lockfd, LOCK_EX | LOCK_NB) != 0) {
-		if (errno == EWOULDBLOCK)
-			return histd_error_set(HISTD_EUNAVAILABLE,
-					       "data directory %s is in use by another process",
-					       d->dir);
-		return histd_error_set(HISTD_EUNAVAILABLE, "cannot lock %s/LOCK: %s",
-				       d->dir, strerror(errno));
-	}
-	return 0;
+	return lock_fd(d, d->lockfd, "/LOCK");
 }
 
 int

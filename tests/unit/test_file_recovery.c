@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -860,15 +861,30 @@ corrupted_snapshot_refuses_to_open(void **state)
 static void
 second_open_of_a_data_directory_is_unavailable(void **state)
 {
-	char *dir = tmpdir_new();
+	char *dir = tmpdir_new(), path[512];
 	histd_driver *d = must_open(dir), *d2 = NULL;
+	int fd;
 
 	(void)state;
 	assert_int_equal(dopen(dir, "batch", &d2), HISTD_EUNAVAILABLE);
 	assert_null(d2);
 	assert_non_null(strstr(histd_error_message(),
 			       "is in use by another process"));
+	/* The directory itself is locked, not only the LOCK file. */
+	path_in(path, sizeof(path), dir, "LOCK");
+	assert_int_equal(unlink(path), 0);
+	assert_int_equal(dopen(dir, "batch", &d2), HISTD_EUNAVAILABLE);
+	assert_null(d2);
+	assert_non_null(strstr(histd_error_message(),
+			       "is in use by another process"));
 	histd_driver_close(d);
+	/* A histd of an earlier version locks only LOCK. */
+	fd = open(path, O_RDWR | O_CREAT, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+	assert_int_equal(dopen(dir, "batch", &d2), HISTD_EUNAVAILABLE);
+	assert_null(d2);
+	close(fd);
 	d = must_open(dir);
 	histd_driver_close(d);
 	rm_rf(dir);
