@@ -9,6 +9,8 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "driver.h"
+
 enum opt_type {
 	OPT_STR,
 	OPT_INT,        /* int, >= 0 */
@@ -356,6 +358,18 @@ set_opt(histd_config *cfg, const struct opt *o, const char *val,
 
 /* gRPC takes a port above 65535 modulo 65536 and binds another one:
  * anything but a unix socket must end in :0..65535. */
+static const char *const fsync_modes[] = { "always", "batch", "never", NULL };
+
+/* v is one of the NULL-ended set. */
+static int
+one_of(const char *v, const char *const *set)
+{
+	for (; *set; set++)
+		if (strcmp(v, *set) == 0)
+			return 1;
+	return 0;
+}
+
 static int
 listen_port_valid(const char *listen)
 {
@@ -596,6 +610,16 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 	}
 	if (cfg->posted_calls < 1)
 		cfg->posted_calls = 1;
+	if (!one_of(cfg->driver, histd_driver_names())) {
+		fprintf(stderr, "histd: driver must be memory, file or postgres "
+			"(got '%s')\n", cfg->driver);
+		return -1;
+	}
+	if (!one_of(cfg->fsync, fsync_modes)) {
+		fprintf(stderr, "histd: fsync must be always, batch or never "
+			"(got '%s')\n", cfg->fsync);
+		return -1;
+	}
 	if (!listen_port_valid(cfg->listen)) {
 		fprintf(stderr, "histd: listen '%s' needs a port from 0 to "
 			"65535 (host:port, [v6]:port or unix:path)\n",

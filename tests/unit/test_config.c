@@ -86,6 +86,10 @@ bad_input_is_refused(void **state)
 	char *no_auth[] = { "histd", "--listen", "127.0.0.1:0" };
 	char *both[] = { "histd", "--auth-disabled", "--api-keys-file", "/k" };
 	char *bad_bool[] = { "histd", "--auth-disabled=maybe" };
+	char *bad_driver[] = { "histd", "--auth-disabled", "--driver", "filez" };
+	char *bad_fsync[] = { "histd", "--auth-disabled", "--fsync", "sometimes" };
+	char *good_choices[] = { "histd", "--auth-disabled", "--driver",
+				 "postgres", "--fsync", "never" };
 	/* gRPC would bind port 99999 - 65536 = 34463. */
 	const char *bad_listen[] = { "127.0.0.1:99999", "127.0.0.1:65536",
 				     "127.0.0.1", "127.0.0.1:", "[::1]:8x",
@@ -126,6 +130,13 @@ bad_input_is_refused(void **state)
 	assert_int_equal(load(&cfg, 4, both), -1);
 	histd_config_free(&cfg);
 	assert_int_equal(load(&cfg, 2, bad_bool), -1);
+	histd_config_free(&cfg);
+	/* Choices are checked here, not first by the driver at open. */
+	assert_int_equal(load(&cfg, 4, bad_driver), -1);
+	histd_config_free(&cfg);
+	assert_int_equal(load(&cfg, 4, bad_fsync), -1);
+	histd_config_free(&cfg);
+	assert_int_equal(load(&cfg, 6, good_choices), 0);
 	histd_config_free(&cfg);
 }
 
