@@ -294,6 +294,40 @@ known_type(uint8_t t)
 	       (t >= HF_T_S_SESSION && t <= HF_T_S_END);
 }
 
+static int
+zeros(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i])
+			return 0;
+	return 1;
+}
+
+/* Valid frames from p on, one after the other, up to the end of the
+ * records: the end of the file, zeros to it (space the writer prepared),
+ * or a frame of a known type that the end cut short (a torn write; cut
+ * before its type byte, it cannot be told from other bytes). */
+static int
+chain_to_end(const uint8_t *p, size_t avail)
+{
+	while (avail) {
+		uint32_t len;
+
+		switch (hf_frame_check(p, avail, &len)) {
+		case HF_FRAME_OK:
+			p += HF_FRAME_HEADER + (size_t)len;
+			avail -= HF_FRAME_HEADER + (size_t)len;
+			break;
+		case HF_FRAME_SHORT:
+			return zeros(p, avail) || (avail > HF_FRAME_HEADER &&
+						   known_type(p[HF_FRAME_HEADER]));
+		default:
+			return zeros(p, avail);
+		}
+	}
+	return 1;
+}
+
 int
 hf_frame_find(const uint8_t *p, size_t avail)
 {
@@ -304,7 +338,9 @@ hf_frame_find(const uint8_t *p, size_t avail)
 		 * checksum is computed. */
 		if (!known_type(p[o + HF_FRAME_HEADER]))
 			continue;
-		if (hf_frame_check(p + o, avail - o, &len) == HF_FRAME_OK)
+		if (hf_frame_check(p + o, avail - o, &len) == HF_FRAME_OK &&
+		    chain_to_end(p + o + HF_FRAME_HEADER + len,
+				 avail - o - HF_FRAME_HEADER - len))
 			return 1;
 	}
 	return 0;

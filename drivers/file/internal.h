@@ -105,7 +105,10 @@ enum hf_frame_status { HF_FRAME_OK, HF_FRAME_SHORT, HF_FRAME_BAD };
 enum hf_frame_status hf_frame_check(const uint8_t *p, size_t avail,
 				    uint32_t *body_len);
 
-/* Whether a valid frame starts anywhere in [p, p + avail). */
+/* Whether valid records start anywhere in [p, p + avail): a valid frame
+ * followed by valid frames up to the end (or to zeros, or to a frame cut
+ * short there). A frame inside a torn record's bytes (a message may hold
+ * anything) is followed by the rest of that record's bytes instead. */
 int hf_frame_find(const uint8_t *p, size_t avail);
 
 /* ---------------------------------------------------------------------- */

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <zlib.h>
 
 #include "driver.h"
 #include "file/file.h"
@@ -739,6 +740,83 @@ torn_last_record_is_truncated_at_every_offset(void **state)
 	fixture_free(&f);
 }
 
+/* A torn last record whose message holds a well-formed frame (a message
+ * may hold any bytes) is still a torn record: the frame inside it is not
+ * followed by records, only by the rest of the record's bytes. Cut
+ * exactly where the inner frame ends, the file does end in a valid frame
+ * after a bad one, which is what corruption looks like: refused. */
+static void
+torn_record_holding_a_frame_is_truncated_at_every_offset(void **state)
+{
+	static const uint8_t inner[] = { 0x02, 'A', 'B', 'C', 'D', 'E', 'F', 'G', 'H' };
+	char *dir = tmpdir_new(), log[512], *before, *got;
+	uint8_t data[160], *bytes;
+	size_t n = 0, s1, s2, inner_end;
+	const uint8_t *at;
+	histd_driver *d;
+	histd_msg_in in = { 0 };
+	histd_append a = { .tenant = "t1", .session_id = "b", .msgs = &in,
+			   .n_msgs = 1 };
+	histd_append_result res;
+	uint32_t crc;
+
+	(void)state;
+	path_in(log, sizeof(log), dir, LOG1);
+	d = must_open(dir);
+	populate(d);
+	before = dump(d);
+	histd_driver_close(d);
+	s1 = (size_t)file_size(log);
+
+	/* Field 3 (bytes): 20 x, the frame (length, crc32, body), 100 y. */
+	data[n++] = 0x1a;
+	data[n++] = 20 + 8 + sizeof(inner) + 100;
+	memset(data + n, 'x', 20);
+	n += 20;
+	data[n] = sizeof(inner);
+	data[n + 1] = data[n + 2] = data[n + 3] = 0;
+	crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), data + n, 4);
+	crc = (uint32_t)crc32(crc, inner, sizeof(inner));
+	for (int i = 0; i < 4; i++)
+		data[n + 4 + i] = (uint8_t)(crc >> (8 * i));
+	memcpy(data + n + 8, inner, sizeof(inner));
+	n += 8 + sizeof(inner);
+	memset(data + n, 'y', 100);
+	n += 100;
+	in.data = data;
+	in.len = n;
+	in.token_estimate = 1;
+	d = must_open(dir);
+	assert_int_equal(histd_driver_append(d, &a, &res), 0);
+	histd_driver_close(d);
+	bytes = read_file(log, &s2);
+	assert_true(s2 > s1 + n);
+
+	at = memmem(bytes + s1, s2 - s1, data + 22, 8 + sizeof(inner));
+	assert_non_null(at);
+	inner_end = (size_t)(at - bytes) + 8 + sizeof(inner);
+	for (size_t cut = s1; cut < s2; cut++) {
+		write_file(log, bytes, cut);
+		d = NULL;
+		if (cut == inner_end) {
+			assert_int_equal(dopen(dir, "always", &d), HISTD_ECORRUPT);
+			continue;
+		}
+		if (dopen(dir, "always", &d))
+			fail_msg("cut at %zu: open: %s", cut, histd_error_message());
+		got = dump(d);
+		if (strcmp(got, before) != 0)
+			fail_msg("cut at %zu: state differs from the state before the record", cut);
+		free(got);
+		histd_driver_close(d);
+		assert_int_equal((size_t)file_size(log), s1);
+	}
+	free(bytes);
+	free(before);
+	rm_rf(dir);
+	free(dir);
+}
+
 static void
 corrupted_last_record_is_truncated_at_every_offset(void **state)
 {
@@ -1247,6 +1325,7 @@ main(void)
 		cmocka_unit_test_teardown(zeros_ending_a_log_before_the_last_are_refused,
 					  restore_fsize),
 		cmocka_unit_test(torn_last_record_is_truncated_at_every_offset),
+		cmocka_unit_test(torn_record_holding_a_frame_is_truncated_at_every_offset),
 		cmocka_unit_test(corrupted_last_record_is_truncated_at_every_offset),
 		cmocka_unit_test(corrupted_middle_record_refuses_to_open_at_every_offset),
 		cmocka_unit_test(torn_file_header_opens_empty),
