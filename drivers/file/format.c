@@ -294,8 +294,8 @@ known_type(uint8_t t)
 	       (t >= HF_T_S_SESSION && t <= HF_T_S_END);
 }
 
-static int
-zeros(const uint8_t *p, size_t n)
+int
+hf_all_zero(const uint8_t *p, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		if (p[i])
@@ -319,10 +319,10 @@ chain_to_end(const uint8_t *p, size_t avail)
 			avail -= HF_FRAME_HEADER + (size_t)len;
 			break;
 		case HF_FRAME_SHORT:
-			return zeros(p, avail) || (avail > HF_FRAME_HEADER &&
+			return hf_all_zero(p, avail) || (avail > HF_FRAME_HEADER &&
 						   known_type(p[HF_FRAME_HEADER]));
 		default:
-			return zeros(p, avail);
+			return hf_all_zero(p, avail);
 		}
 	}
 	return 1;

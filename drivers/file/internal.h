@@ -111,6 +111,9 @@ enum hf_frame_status hf_frame_check(const uint8_t *p, size_t avail,
  * anything) is followed by the rest of that record's bytes instead. */
 int hf_frame_find(const uint8_t *p, size_t avail);
 
+/* Whether the n bytes at p are all zero. */
+int hf_all_zero(const uint8_t *p, size_t n);
+
 /* ---------------------------------------------------------------------- */
 /* Hash table: open addressing, linear probing, backward-shift deletion.   */
 /* Keys are bytes borrowed from the value they map to.                     */

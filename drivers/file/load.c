@@ -726,15 +726,6 @@ header_ok(const uint8_t *p, size_t size, const char *magic, uint64_t gen,
 	return 1;
 }
 
-static int
-all_zero(const uint8_t *p, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (p[i])
-			return 0;
-	return 1;
-}
-
 /* Cuts the file at off (a torn tail) and says so. */
 static int
 truncate_tail(replay *r, int fd, uint64_t off, uint64_t size)
@@ -949,7 +940,7 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 		 * writer had prepared, not a record. Only the last log can
 		 * have any: a log is trimmed and synced before the next one
 		 * begins, and a snapshot is written exact. */
-		if (all_zero(p + off, size - off)) {
+		if (hf_all_zero(p + off, size - off)) {
 			if (!last || snapshot) {
 				rc = corrupt(&r, "is zeros (only the last log may end "
 					     "in zeros)");
