@@ -22,6 +22,7 @@ struct key {
 	unsigned char digest[DIGEST];
 	char tenant[MAX_TENANT + 1];
 	int read_only;
+	int line;               /* in the file */
 };
 
 /* One loaded set of keys; replaced whole on reload. Tenant strings given
@@ -112,9 +113,24 @@ parse(const char *path, struct keyset **out)
 			cap = c;
 		}
 		digest(key, strlen(key), ks->keys[ks->n].digest);
+		/* A key listed twice would be whichever line came last: an
+		 * operator demoting or moving a key by adding a line would get
+		 * the opposite of what they meant, so neither counts. */
+		for (size_t i = 0; i < ks->n; i++)
+			if (CRYPTO_memcmp(ks->keys[i].digest,
+					  ks->keys[ks->n].digest, DIGEST) == 0) {
+				rc = histd_error_set(HISTD_EINVALID,
+					"api-keys-file %s line %d: the key of "
+					"line %d again (a key may be listed once)",
+					path, lineno, ks->keys[i].line);
+				break;
+			}
+		if (rc)
+			break;
 		snprintf(ks->keys[ks->n].tenant, sizeof(ks->keys[ks->n].tenant),
 			 "%s", tenant);
 		ks->keys[ks->n].read_only = role && strcmp(role, "read-only") == 0;
+		ks->keys[ks->n].line = lineno;
 		ks->n++;
 		OPENSSL_cleanse(line, sizeof(line));
 	}
@@ -245,6 +261,29 @@ histd_auth_check(histd_auth *a, const char *header, size_t len,
 	if (!hit)
 		return histd_error_set(HISTD_EUNAUTH, "the API key is not valid");
 	return 0;
+}
+
+int
+histd_auth_still_valid(histd_auth *a, const char *tenant)
+{
+	const struct key *k = (const struct key *)(const void *)
+		(tenant - offsetof(struct key, tenant));
+	const struct keyset *cur;
+	int ok = 0;
+
+	maybe_reload(a);
+	pthread_rwlock_rdlock(&a->lock);
+	cur = a->set;
+	if (k >= cur->keys && k < cur->keys + cur->n) {
+		ok = 1;         /* from the set in force */
+	} else {
+		for (size_t i = 0; i < cur->n && !ok; i++)
+			ok = CRYPTO_memcmp(k->digest, cur->keys[i].digest,
+					   DIGEST) == 0 &&
+			     strcmp(k->tenant, cur->keys[i].tenant) == 0;
+	}
+	pthread_rwlock_unlock(&a->lock);
+	return ok;
 }
 
 size_t

@@ -11,7 +11,8 @@
  * A caller sends "authorization: Bearer <key>". Keys are kept only as
  * SHA-256 digests, compared in constant time against every entry, and
  * never logged. The file is read again when it changes (checked at most
- * every two seconds); a file that no longer parses keeps the old keys.
+ * every two seconds); a file that no longer parses keeps the old keys. A
+ * key may be listed once.
  */
 #ifndef HISTD_AUTH_H
 #define HISTD_AUTH_H
@@ -31,6 +32,14 @@ void histd_auth_free(histd_auth *a);
  */
 int histd_auth_check(histd_auth *a, const char *header, size_t len,
 		     const char **tenant, int *read_only);
+
+/*
+ * Whether the key that histd_auth_check accepted with *tenant (the pointer
+ * it gave) still holds, with that tenant, in the file as it is now (read
+ * again if it changed). For calls that outlive a reload: a stream of a
+ * key that was removed or moved to another tenant must end.
+ */
+int histd_auth_still_valid(histd_auth *a, const char *tenant);
 
 /* Number of keys loaded (logs, tests). */
 size_t histd_auth_count(histd_auth *a);
