@@ -113,6 +113,9 @@ struct histd_call {
 	grpc_byte_buffer *send_buf;
 	grpc_status_code st_code;      /* the status sent (metrics) */
 	uint64_t after_seq;    /* the request's: the least resume point */
+	/* The caller's tenant as histd_auth_check gave it (NULL without
+	 * authentication): checked again before each event is sent. */
+	const char *auth_tenant;
 
 	/* Health Watch, under srv->health_mu. */
 	struct histd_call *watch_next, *watch_prev;

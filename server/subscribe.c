@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth.h"
 #include "call.h"
 #include "histd/v1/histd.pb-c.h"
 #include "log.h"
@@ -105,6 +106,16 @@ stream_send(void *stream, histd_event *ev)
 	pthread_mutex_lock(&c->mu);
 	if (c->closed || c->status_started || c->finish_pending ||
 	    c->in_flight) {
+		pthread_mutex_unlock(&c->mu);
+		return -1;
+	}
+	/* A key removed from the file (or moved to another tenant) while
+	 * its stream was open reads nothing more. */
+	if (c->auth_tenant && !histd_auth_still_valid(c->srv->auth,
+						     c->auth_tenant)) {
+		set_status(c, GRPC_STATUS_UNAUTHENTICATED, "the API key is no "
+			   "longer valid (removed from the keys file, or moved "
+			   "to another tenant)", NULL, 0);
 		pthread_mutex_unlock(&c->mu);
 		return -1;
 	}
@@ -232,6 +243,8 @@ histd_subscribe_begin(struct histd_call *c)
 	}
 	if ((rc = histd_call_caller(c, &who, 0)) != 0)
 		goto out_fail;
+	if (s->auth)
+		c->auth_tenant = who.tenant;
 	rc = histd_check_session_id(req->session_id, "session_id");
 	if (rc != 0)
 		goto out_fail;

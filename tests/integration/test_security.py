@@ -172,6 +172,51 @@ try:
         time.sleep(0.1)
     check(ok, "a key added to the file is accepted without a restart")
 
+    # A key removed from the file ends its open Subscribe streams: nothing
+    # appended after the removal reaches them.
+    KEY_D = "delta-key-0123456789abcdef"
+    with open(keys, "a") as f:
+        f.write("%s alpha\n" % KEY_D)
+
+    def until(code, key):
+        for _ in range(60):
+            if code_of(lambda: s.ListSessions(pb.ListSessionsRequest(), metadata=md(key),
+                                              timeout=5)) == code:
+                return True
+            time.sleep(0.1)
+        return False
+    check(until(grpc.StatusCode.OK, KEY_D), "a second added key is accepted")
+    s.CreateSession(pb.CreateSessionRequest(session_id="revoked"), metadata=md(KEY_A))
+    stream = s.Subscribe(pb.SubscribeRequest(session_id="revoked"), metadata=md(KEY_D),
+                         timeout=30)
+    got, ended = [], []
+
+    def follow():
+        try:
+            for ev in stream:
+                got.extend(m.content[0].text.text for m in ev.appended.messages)
+            ended.append((grpc.StatusCode.OK, ""))
+        except grpc.RpcError as e:
+            ended.append((e.code(), e.details()))
+    follower = threading.Thread(target=follow)
+    follower.start()
+    s.Append(pb.AppendRequest(session_id="revoked", messages=[text("before")]),
+             metadata=md(KEY_A))
+    for _ in range(50):
+        if got:
+            break
+        time.sleep(0.1)
+    with open(keys, "w") as f:
+        f.write("# key  tenant  role\n%s alpha\n%s alpha read-only\n%s bravo\n%s charlie\n"
+                % (KEY_A, KEY_A_RO, KEY_B, KEY_C))
+    check(until(grpc.StatusCode.UNAUTHENTICATED, KEY_D), "a removed key is refused")
+    s.Append(pb.AppendRequest(session_id="revoked", messages=[text("after")]),
+             metadata=md(KEY_A))
+    follower.join(timeout=20)
+    check(got == ["before"] and ended and ended[0][0] == grpc.StatusCode.UNAUTHENTICATED,
+          "the removed key's open stream ends UNAUTHENTICATED before the next event "
+          "(got %s, ended %s)" % (got, ended))
+
     # A flood of streams from one client: each gets an answer, others go on.
     flood = grpc.insecure_channel(target)
     fs = rpc.HistoryServiceStub(flood)
