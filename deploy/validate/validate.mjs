@@ -8,10 +8,12 @@
 //   1. every document against the Kubernetes API schema of its kind
 //      (kubernetes-models: the OpenAPI schemas of Kubernetes, compiled by
 //      ajv), with unknown fields rejected as kubeconform -strict does;
-//   2. histd's own rules: native gRPC liveness and readiness probes on the
-//      gRPC port, a preStop hook and a termination grace that cover the
-//      drain, resource requests and limits, selectors that match, and the
-//      Secret and ConfigMap keys histd reads.
+//   2. histd's own rules: readiness on the native gRPC health check,
+//      liveness a TCP connect (never the health check, which follows the
+//      storage), every probe on the gRPC port, a preStop hook and a
+//      termination grace that cover the drain, resource requests and
+//      limits, selectors that match, and the Secret and ConfigMap keys
+//      histd reads.
 // Prints "ok - ..." / "not ok - ..." lines and "N passed, N failed"; exits 1
 // on any failure. Where `helm` is on PATH, `helm template` is checked too.
 import fs from 'node:fs';
@@ -175,15 +177,32 @@ function histdRules(docs) {
 
   const grpcPort = (c.ports || []).find((p) => p.name === 'grpc');
   if (!grpcPort) errors.push('container: no port named grpc');
-  for (const probe of ['livenessProbe', 'readinessProbe']) {
-    const p = c[probe];
-    if (!p || !p.grpc) errors.push(`${probe}: must be a native grpc probe`);
-    else if (grpcPort && p.grpc.port !== grpcPort.containerPort) {
-      errors.push(`${probe}: port ${p.grpc.port} is not the grpc port ${grpcPort.containerPort}`);
-    }
-  }
-  if (c.readinessProbe && c.readinessProbe.grpc && c.readinessProbe.grpc.service !== 'histd.v1.HistoryService') {
+  // A probe's port: a number, or the name of one of the container's ports.
+  const portOf = (port) => (typeof port === 'string'
+    ? ((c.ports || []).find((p) => p.name === port) || {}).containerPort
+    : port);
+  // Readiness is the gRPC health check. Liveness must not be: every name
+  // histd's health answers ("" and histd.v1.HistoryService, server/health.c)
+  // is NOT_SERVING while the storage does not answer, and any other name is
+  // NOT_FOUND, so a grpc liveness probe restarts every replica during a
+  // database outage. Liveness is a TCP connect to the gRPC port.
+  const r = c.readinessProbe;
+  if (!r || !r.grpc) errors.push('readinessProbe: must be a native grpc probe');
+  else if (r.grpc.service !== 'histd.v1.HistoryService') {
     errors.push('readinessProbe: should ask for service histd.v1.HistoryService');
+  }
+  const l = c.livenessProbe;
+  if (!l) errors.push('livenessProbe: not set');
+  else if (l.grpc) {
+    errors.push(`livenessProbe: the gRPC health check (service ${JSON.stringify(l.grpc.service ?? '')}) ` +
+      'turns NOT_SERVING in a storage outage and would restart every replica; use tcpSocket on the gRPC port');
+  } else if (!l.tcpSocket) errors.push('livenessProbe: want tcpSocket on the gRPC port');
+  for (const probe of ['startupProbe', 'livenessProbe', 'readinessProbe']) {
+    const p = c[probe];
+    const on = p && (p.grpc || p.tcpSocket);
+    if (on && grpcPort && portOf(on.port) !== grpcPort.containerPort) {
+      errors.push(`${probe}: port ${on.port} is not the grpc port ${grpcPort.containerPort}`);
+    }
   }
   for (const kind of ['requests', 'limits']) {
     for (const r of ['cpu', 'memory']) {
@@ -326,6 +345,10 @@ try {
   const set = structuredClone(plain);
   set.find((d) => d.kind === 'Deployment').spec.template.spec.terminationGracePeriodSeconds = 10;
   check('validator rejects a grace shorter than the drain', histdRules(set).some((e) => /terminationGrace/.test(e)) ? [] : ['accepted']);
+  const live = structuredClone(plain);
+  live.find((d) => d.kind === 'Deployment').spec.template.spec.containers[0].livenessProbe = { grpc: { port: 50051 } };
+  check('validator rejects a liveness probe on the gRPC health check',
+    histdRules(live).some((e) => /livenessProbe: the gRPC health check/.test(e)) ? [] : ['accepted']);
 }
 
 // Real Helm, where there is one.
