@@ -225,6 +225,38 @@ function histdRules(docs) {
     errors.push(`terminationGracePeriodSeconds ${term} < preStop ${sleep} + HISTD_SHUTDOWN_GRACE ${grace} + 1`);
   }
 
+  // The ports histd listens on (HISTD_LISTEN, default 0.0.0.0:50051, and
+  // HISTD_METRICS_LISTEN) are the ports the container, its probes and the
+  // Prometheus annotation name: a port changed in one place only leaves
+  // histd listening where nothing looks.
+  const portIn = (addr) => {
+    const m = /:(\d+)$/.exec(String(addr));
+    return m ? Number(m[1]) : NaN;
+  };
+  const listen = portIn(env.HISTD_LISTEN ?? '0.0.0.0:50051');
+  if (grpcPort && grpcPort.containerPort !== listen) {
+    errors.push(`HISTD_LISTEN ${env.HISTD_LISTEN} is not on the grpc port ${grpcPort.containerPort}`);
+  }
+  for (const probe of ['startupProbe', 'livenessProbe', 'readinessProbe']) {
+    const p = c[probe];
+    const on = p && (p.grpc || p.tcpSocket);
+    if (on && portOf(on.port) !== listen) errors.push(`${probe}: port ${on.port} is not the HISTD_LISTEN port ${listen}`);
+  }
+  const metricsPort = (c.ports || []).find((p) => p.name === 'metrics');
+  const scrape = (dep.spec.template.metadata.annotations || {})['prometheus.io/port'];
+  if (metricsPort || scrape !== undefined) {
+    const mlisten = portIn(env.HISTD_METRICS_LISTEN);
+    if (!env.HISTD_METRICS_LISTEN) errors.push('HISTD_METRICS_LISTEN is not set, but a metrics port is declared');
+    else {
+      if (metricsPort && metricsPort.containerPort !== mlisten) {
+        errors.push(`HISTD_METRICS_LISTEN ${env.HISTD_METRICS_LISTEN} is not on the metrics port ${metricsPort.containerPort}`);
+      }
+      if (scrape !== undefined && Number(scrape) !== mlisten) {
+        errors.push(`prometheus.io/port ${scrape} is not the HISTD_METRICS_LISTEN port ${mlisten}`);
+      }
+    }
+  }
+
   // Config: every ConfigMap key is a histd setting; the keys file is mounted.
   for (const k of Object.keys(env)) if (!/^HISTD_[A-Z0-9_]+$/.test(k)) errors.push(`ConfigMap key ${k} is not HISTD_*`);
   const refs = (c.envFrom || []).map((e) => e.configMapRef && e.configMapRef.name);
@@ -313,7 +345,16 @@ const variants = [
     secret: { create: false, existingSecret: 'histd-secrets' },
   }],
 ];
-for (const [label, values] of variants) {
+// Ports other than the defaults must reach histd's listen addresses (the
+// ConfigMap), not only the container ports and probes; an address set in
+// env is kept as it is.
+const portVariants = [
+  ['chart (grpcPort 6000, metricsPort 9100)', { grpcPort: 6000, metricsPort: 9100 },
+    { HISTD_LISTEN: '0.0.0.0:6000', HISTD_METRICS_LISTEN: '0.0.0.0:9100' }],
+  ['chart (HISTD_LISTEN set in env)', { env: { HISTD_LISTEN: '[::]:50051' } },
+    { HISTD_LISTEN: '[::]:50051', HISTD_METRICS_LISTEN: '0.0.0.0:9090' }],
+];
+for (const [label, values, want] of [...variants, ...portVariants]) {
   let rendered;
   try {
     rendered = render(chartDir, { releaseName: 'demo', values });
@@ -324,6 +365,11 @@ for (const [label, values] of variants) {
   const docs = await validateSet(label, rendered.map((r) => ({ name: r.file, text: r.text })));
   docs.helm = true;
   check(`${label}: histd rules`, histdRules(docs));
+  if (want) {
+    const data = (docs.find((d) => d.kind === 'ConfigMap') || {}).data || {};
+    check(`${label}: the ConfigMap listens on ${Object.values(want).join(' and ')}`,
+      Object.entries(want).filter(([k, v]) => data[k] !== v).map(([k, v]) => `${k} is ${data[k]}, want ${v}`));
+  }
 }
 try {
   render(chartDir, { values: { secret: { create: false, existingSecret: '' } } });
@@ -349,6 +395,13 @@ try {
   live.find((d) => d.kind === 'Deployment').spec.template.spec.containers[0].livenessProbe = { grpc: { port: 50051 } };
   check('validator rejects a liveness probe on the gRPC health check',
     histdRules(live).some((e) => /livenessProbe: the gRPC health check/.test(e)) ? [] : ['accepted']);
+  const moved = structuredClone(plain);
+  moved.find((d) => d.kind === 'ConfigMap').data.HISTD_LISTEN = '0.0.0.0:6000';
+  moved.find((d) => d.kind === 'ConfigMap').data.HISTD_METRICS_LISTEN = '0.0.0.0:9100';
+  const movedErrors = histdRules(moved);
+  check('validator rejects listen ports that are not the container, probe and scrape ports',
+    ['HISTD_LISTEN', 'readinessProbe: port', 'HISTD_METRICS_LISTEN', 'prometheus.io/port']
+      .filter((w) => !movedErrors.some((e) => e.startsWith(w))).map((w) => `no error for ${w}`));
 }
 
 // Real Helm, where there is one.
