@@ -8,6 +8,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -22,6 +23,8 @@ struct histd_http {
 	CURL **idle;
 	size_t n_idle;
 	histd_http_stats stats;
+	/* histd_http_stop: calls end, waits end, nothing new starts. */
+	atomic_int stopped;
 };
 
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
@@ -65,9 +68,28 @@ histd_http_new(histd_http **out, const histd_http_config *cfg)
 	}
 	h->cfg = *cfg;
 	pthread_mutex_init(&h->mu, NULL);
-	pthread_cond_init(&h->cv, NULL);
+	{
+		pthread_condattr_t ca;
+
+		/* Backoff waits are timed on it too (wait_ms). */
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&h->cv, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	*out = h;
 	return 0;
+}
+
+void
+histd_http_stop(histd_http *h)
+{
+	if (!h)
+		return;
+	pthread_mutex_lock(&h->mu);
+	atomic_store(&h->stopped, 1);
+	pthread_cond_broadcast(&h->cv);
+	pthread_mutex_unlock(&h->mu);
 }
 
 void
@@ -108,8 +130,13 @@ acquire(histd_http *h)
 	CURL *c;
 
 	pthread_mutex_lock(&h->mu);
-	while (h->in_flight >= h->cfg.max_concurrent)
+	while (h->in_flight >= h->cfg.max_concurrent &&
+	       !atomic_load(&h->stopped))
 		pthread_cond_wait(&h->cv, &h->mu);
+	if (atomic_load(&h->stopped)) {
+		pthread_mutex_unlock(&h->mu);
+		return NULL;
+	}
 	h->in_flight++;
 	if (h->in_flight > h->stats.max_in_flight)
 		h->stats.max_in_flight = h->in_flight;
@@ -184,13 +211,46 @@ now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Waits ms, or less if histd_http_stop comes first. */
 static void
-sleep_ms(int64_t ms)
+wait_ms(histd_http *h, int64_t ms)
 {
-	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000 };
+	struct timespec until;
 
-	while (ms > 0 && nanosleep(&ts, &ts) == -1 && errno == EINTR)
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += ms / 1000;
+	until.tv_nsec += (ms % 1000) * 1000000;
+	if (until.tv_nsec >= 1000000000) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&h->mu);
+	while (!atomic_load(&h->stopped) &&
+	       pthread_cond_timedwait(&h->cv, &h->mu, &until) != ETIMEDOUT)
 		;
+	pthread_mutex_unlock(&h->mu);
+}
+
+/* libcurl's progress callback, about once a second even when nothing
+ * moves: nonzero ends the transfer (CURLE_ABORTED_BY_CALLBACK). */
+static int
+on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+	    curl_off_t ulnow)
+{
+	histd_http *h = ud;
+
+	(void)dltotal;
+	(void)dlnow;
+	(void)ultotal;
+	(void)ulnow;
+	return atomic_load_explicit(&h->stopped, memory_order_relaxed);
+}
+
+static int
+stopping(void)
+{
+	return histd_error_set(HISTD_EUNAVAILABLE, "histd is shutting down; "
+			       "the provider call was abandoned");
 }
 
 static int
@@ -326,8 +386,10 @@ histd_http_post(histd_http *h, const char *url, const char *const *headers,
 		if (left < per)
 			per = (long)left;
 		if (!(c = acquire(h))) {
-			rc = histd_error_set(HISTD_EINTERNAL,
-					     "libcurl handle not created");
+			rc = atomic_load(&h->stopped)
+				? stopping()
+				: histd_error_set(HISTD_EINTERNAL,
+						  "libcurl handle not created");
 			break;
 		}
 		attempt++;
@@ -348,6 +410,9 @@ histd_http_post(histd_http *h, const char *url, const char *const *headers,
 		curl_easy_setopt(c, CURLOPT_WRITEDATA, &s);
 		curl_easy_setopt(c, CURLOPT_ACCEPT_ENCODING, "");
 		curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+		curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+		curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+		curl_easy_setopt(c, CURLOPT_XFERINFODATA, h);
 		crc = curl_easy_perform(c);
 		if (crc == CURLE_OK)
 			curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
@@ -370,6 +435,10 @@ histd_http_post(histd_http *h, const char *url, const char *const *headers,
 				rc = 0;
 			break;
 		}
+		if (crc == CURLE_ABORTED_BY_CALLBACK) {
+			rc = stopping();
+			break;
+		}
 		rc = error_for(status, crc, s.too_big,
 			       h->cfg.max_response_bytes);
 		if (s.too_big || attempt > h->cfg.max_retries ||
@@ -389,7 +458,11 @@ histd_http_post(histd_http *h, const char *url, const char *const *headers,
 		pthread_mutex_lock(&h->mu);
 		h->stats.retries++;
 		pthread_mutex_unlock(&h->mu);
-		sleep_ms(wait);
+		wait_ms(h, wait);
+		if (atomic_load(&h->stopped)) {
+			rc = stopping();
+			break;
+		}
 	}
 	curl_slist_free_all(hl);
 	if (rc == 0 && out->status == 0)

@@ -78,6 +78,14 @@ int histd_http_post(histd_http *h, const char *url,
 		    const char *body, size_t len, uint32_t deadline_ms,
 		    histd_http_response *out);
 
+/*
+ * Shutdown: every call in flight ends within about a second (libcurl
+ * checks between reads) with EUNAVAILABLE "histd is shutting down",
+ * retry waits end, and later calls fail at once the same way. Any thread;
+ * the pool stays valid until histd_http_free.
+ */
+void histd_http_stop(histd_http *h);
+
 /* Counters, for tests and metrics. */
 typedef struct histd_http_stats {
 	uint64_t calls;

@@ -52,6 +52,11 @@ struct histd_server {
 	histd_reflection *refl;
 	struct histd_tls *tls;        /* NULL: plaintext */
 	struct histd_auth *auth;      /* NULL: authentication disabled */
+	/* Called once the shutdown stops waiting for calls (they finished,
+	 * or the grace ran out): work that outlives them, such as provider
+	 * calls, is abandoned there. */
+	void (*grace_over)(void *arg);
+	void *grace_arg;
 	/* Calls in progress per tenant, for max_calls_per_tenant. */
 	pthread_mutex_t tenants_mu;
 	struct tenant_calls *tenants;

@@ -69,6 +69,15 @@ write_port_file(const char *path, int port)
 /* ---------------------------------------------------------------------- */
 /* Compaction's provider summarizers                                       */
 
+/* At shutdown, once calls had their grace: provider calls (summaries,
+ * embeddings) are abandoned rather than waited for. */
+static void
+stop_http(void *http)
+{
+	histd_http_stop(http);
+}
+
+
 /* One name compaction may give as its summarizer option. */
 typedef struct summarizer_slot {
 	const char *name;          /* in compaction's options */
@@ -358,6 +367,8 @@ main(int argc, char **argv)
 	}
 	if (rc == 0)
 		rc = histd_server_start(&srv, &cfg, svc, hub, &port);
+	if (rc == 0 && sums.http)
+		histd_server_on_grace_over(srv, stop_http, sums.http);
 	if (rc != 0) {
 		histd_log(HISTD_LOG_ERROR, "cannot start",
 			  "error", histd_error_message(), NULL);

@@ -893,6 +893,10 @@ histd_server_shutdown(histd_server *s)
 		histd_log(HISTD_LOG_WARN, "grace period over; cancelling calls",
 			  NULL);
 	pthread_mutex_unlock(&s->live_mu);
+	/* A call blocked in a provider call would hold the threads (and the
+	 * exit) until the provider answered. */
+	if (s->grace_over)
+		s->grace_over(s->grace_arg);
 	ev = grpc_completion_queue_pluck(scq, &tag,
 					 gpr_time_0(GPR_CLOCK_MONOTONIC), NULL);
 	if (ev.type == GRPC_QUEUE_TIMEOUT) {
@@ -917,6 +921,13 @@ histd_server_shutdown(histd_server *s)
 	s->cq = NULL;
 	grpc_completion_queue_shutdown(scq);
 	grpc_completion_queue_destroy(scq);
+}
+
+void
+histd_server_on_grace_over(histd_server *s, void (*fn)(void *arg), void *arg)
+{
+	s->grace_over = fn;
+	s->grace_arg = arg;
 }
 
 void

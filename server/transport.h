@@ -24,6 +24,12 @@ int histd_server_start(histd_server **out, const histd_config *cfg,
  * returns when every call is freed and every thread joined. */
 void histd_server_shutdown(histd_server *s);
 
+/* fn(arg) runs in histd_server_shutdown once calls in flight finished or
+ * the grace ran out, before the remaining calls are cancelled: what they
+ * wait on (provider calls) is to end there. */
+void histd_server_on_grace_over(histd_server *s, void (*fn)(void *arg),
+				void *arg);
+
 /* Frees a server after histd_server_shutdown. */
 void histd_server_free(histd_server *s);
 

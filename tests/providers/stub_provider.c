@@ -32,6 +32,8 @@ struct stub {
 	size_t n_hdr;
 	int delay_ms;
 	unsigned embed_requests, embed_texts;
+	pthread_cond_t stop_cv;     /* delays end early once stopping */
+	int stopping;
 };
 
 typedef struct upload {
@@ -247,12 +249,21 @@ handle(void *cls, struct MHD_Connection *c, const char *url,
 		s->n--;
 	}
 	delay = r.delay_ms + s->delay_ms;
-	pthread_mutex_unlock(&s->mu);
 	if (delay) {
-		struct timespec ts = { delay / 1000, (delay % 1000) * 1000000L };
+		struct timespec until;
 
-		nanosleep(&ts, NULL);
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += delay / 1000;
+		until.tv_nsec += (delay % 1000) * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		while (!s->stopping &&
+		       pthread_cond_timedwait(&s->stop_cv, &s->mu, &until) == 0)
+			;
 	}
+	pthread_mutex_unlock(&s->mu);
 	if (!r.body && (made = embed_answer(url, u->p, &n_texts))) {
 		pthread_mutex_lock(&s->mu);
 		s->embed_requests++;
@@ -306,6 +317,7 @@ stub_start(void)
 	if (!s)
 		return NULL;
 	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->stop_cv, NULL);
 	memset(&sa, 0, sizeof(sa));
 	sa.sin_family = AF_INET;
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -333,6 +345,10 @@ stub_stop(stub *s)
 {
 	if (!s)
 		return;
+	pthread_mutex_lock(&s->mu);
+	s->stopping = 1;
+	pthread_cond_broadcast(&s->stop_cv);
+	pthread_mutex_unlock(&s->mu);
 	if (s->d)
 		MHD_stop_daemon(s->d);
 	free(s->last_body);
@@ -342,6 +358,7 @@ stub_stop(stub *s)
 		free(s->hdr_value[i]);
 	}
 	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->stop_cv);
 	free(s);
 }
 

@@ -12,6 +12,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +55,7 @@ setup(void **state)
 			"--mistral-model", "mistral-test",
 			/* A 500 fails the call at once: no retries. */
 			"--summarizer-max-retries", "0",
+			"--shutdown-grace", "1",
 			NULL };
 
 		if (harness_start(&server, extra))
@@ -374,6 +377,49 @@ the_server_log_never_holds_an_api_key(void **state)
 	fclose(f);
 }
 
+static void *
+reduce_thread(void *arg)
+{
+	Histd__V1__ReduceResponse *rr = NULL;
+
+	*(grpc_status_code *)arg = reduce("slow", &rr, NULL);
+	histd_client_message_free((ProtobufCMessage *)rr);
+	return NULL;
+}
+
+/* SIGTERM while a Reduce waits on a provider that would take a minute:
+ * the call gets its grace (1 s here), then the provider call is
+ * abandoned and histd exits 0, long before the provider would answer.
+ * Runs last: it stops the server. */
+static void
+shutdown_abandons_a_provider_call_after_the_grace(void **state)
+{
+	tarena *a = ta_new();
+	grpc_status_code code = GRPC_STATUS_OK;
+	unsigned before;
+	pthread_t th;
+	int status;
+
+	(void)state;
+	create(a, "slow", "anthropic");
+	fill(a, "slow");
+	before = stub_requests(provider);
+	stub_push(provider, (stub_reply){ .retry_after = -1, .delay_ms = 60000 });
+	assert_int_equal(pthread_create(&th, NULL, reduce_thread, &code), 0);
+	for (int i = 0; i < 200 && stub_requests(provider) == before; i++)
+		usleep(50 * 1000);
+	assert_true(stub_requests(provider) > before);
+	status = harness_signal_wait(server, SIGTERM, 30000);
+	pthread_join(th, NULL);
+	if (status != 0)
+		harness_dump_log(server);
+	assert_int_equal(status, 0);
+	assert_int_equal(code, GRPC_STATUS_UNAVAILABLE);
+	harness_free(server);
+	server = NULL;
+	ta_free(a);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -393,6 +439,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(
 			an_unconfigured_provider_fails_naming_its_key_variable),
 		cmocka_unit_test(the_server_log_never_holds_an_api_key),
+		cmocka_unit_test(shutdown_abandons_a_provider_call_after_the_grace),
 	};
 
 	if (harness_init(argc, argv))
