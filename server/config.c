@@ -101,7 +101,7 @@ static const struct opt opts[] = {
 	{ "session-ttl", OPT_SECONDS, OFF(context.session_ttl_us), "0",
 	  "delete sessions idle for longer than this many seconds (0: never)" },
 	{ "ttl-sweep-interval", OPT_SECONDS, OFF(context.sweep_interval_us),
-	  "60", "seconds between sweeps for expired sessions" },
+	  "60", "seconds between sweeps for expired sessions (at least 1)" },
 	{ "shutdown-grace", OPT_INT_SECONDS, OFF(shutdown_grace_s), "10",
 	  "seconds in-flight calls get to finish on SIGTERM" },
 	{ "log-level", OPT_STR, OFF(log_level), "info",
@@ -389,6 +389,35 @@ listen_port_valid(const char *listen)
 	return digits > 0 && port <= 65535;
 }
 
+/* Options where 0 would not mean "none" but quietly break the server:
+ * -1 after naming the first one found. */
+static int
+refuse_zero(const histd_config *cfg)
+{
+	const struct {
+		const char *name;
+		unsigned long long v;
+	} least_one[] = {
+		{ "subscriber-queue", cfg->hub.queue_max },
+		{ "summarizer-max-concurrent",
+		  cfg->summarizer_http.max_concurrent },
+		{ "max-messages-per-append",
+		  cfg->service.max_messages_per_append },
+		{ "max-page-size", cfg->service.max_page_size },
+		/* The context would take 0 for its 60 s default. */
+		{ "ttl-sweep-interval",
+		  (unsigned long long)cfg->context.sweep_interval_us },
+	};
+
+	for (size_t i = 0; i < sizeof(least_one) / sizeof(least_one[0]); i++)
+		if (least_one[i].v == 0) {
+			fprintf(stderr, "histd: %s must be at least 1\n",
+				least_one[i].name);
+			return -1;
+		}
+	return 0;
+}
+
 static const struct opt *
 find_flag(const char *name, size_t len)
 {
@@ -645,27 +674,14 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 			"tls-key\n");
 		return -1;
 	}
-	if (cfg->hub.queue_max == 0) {
-		fprintf(stderr, "histd: subscriber-queue must be at least 1\n");
+	if (refuse_zero(cfg) != 0)
 		return -1;
-	}
-	if (cfg->summarizer_http.max_concurrent == 0) {
-		fprintf(stderr, "histd: summarizer-max-concurrent must be at "
-			"least 1\n");
-		return -1;
-	}
 	if (cfg->embedding.workers < 1 || cfg->embedding.queue_max == 0 ||
 	    cfg->embedding.batch == 0 || cfg->embedding.batch > 96 ||
 	    cfg->embedding.max_text_bytes < 16) {
 		fprintf(stderr, "histd: embedding-workers and embedding-queue "
 			"must be at least 1, embedding-batch 1..96, "
 			"embedding-max-text-bytes at least 16\n");
-		return -1;
-	}
-	if (cfg->service.max_messages_per_append == 0 ||
-	    cfg->service.max_page_size == 0) {
-		fprintf(stderr, "histd: max-messages-per-append and "
-			"max-page-size must be at least 1\n");
 		return -1;
 	}
 	return 0;

@@ -140,6 +140,30 @@ bad_input_is_refused(void **state)
 	histd_config_free(&cfg);
 }
 
+/* Options where 0 would not mean "none" but break the server quietly. */
+static void
+zero_is_refused_where_one_is_the_least(void **state)
+{
+	const char *names[] = { "--subscriber-queue",
+				"--summarizer-max-concurrent",
+				"--max-messages-per-append", "--max-page-size",
+				"--ttl-sweep-interval" };
+	histd_config cfg;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++) {
+		char *zero[] = { "histd", "--auth-disabled", (char *)names[i],
+				 "0" };
+		char *one[] = { "histd", "--auth-disabled", (char *)names[i],
+				"1" };
+
+		assert_int_equal(load(&cfg, 4, zero), -1);
+		histd_config_free(&cfg);
+		assert_int_equal(load(&cfg, 4, one), 0);
+		histd_config_free(&cfg);
+	}
+}
+
 static void
 unknown_yaml_key_is_refused(void **state)
 {
@@ -200,6 +224,7 @@ main(void)
 		cmocka_unit_test(defaults_apply_without_input),
 		cmocka_unit_test(flag_beats_environment_beats_file),
 		cmocka_unit_test(bad_input_is_refused),
+		cmocka_unit_test(zero_is_refused_where_one_is_the_least),
 		cmocka_unit_test(unknown_yaml_key_is_refused),
 		cmocka_unit_test(help_returns_one),
 		cmocka_unit_test(every_error_maps_to_its_status),
