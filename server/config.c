@@ -404,6 +404,9 @@ refuse_zero(const histd_config *cfg)
 		{ "max-messages-per-append",
 		  cfg->service.max_messages_per_append },
 		{ "max-page-size", cfg->service.max_page_size },
+		/* 0 fails every request, or makes every call wait. */
+		{ "max-message-bytes", cfg->max_receive_bytes },
+		{ "max-concurrent-streams", cfg->max_concurrent_streams },
 		/* The context would take 0 for its 60 s default. */
 		{ "ttl-sweep-interval",
 		  (unsigned long long)cfg->context.sweep_interval_us },

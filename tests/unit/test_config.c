@@ -147,7 +147,8 @@ zero_is_refused_where_one_is_the_least(void **state)
 	const char *names[] = { "--subscriber-queue",
 				"--summarizer-max-concurrent",
 				"--max-messages-per-append", "--max-page-size",
-				"--ttl-sweep-interval" };
+				"--ttl-sweep-interval", "--max-message-bytes",
+				"--max-concurrent-streams" };
 	histd_config cfg;
 
 	(void)state;
