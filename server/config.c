@@ -407,6 +407,10 @@ refuse_zero(const histd_config *cfg)
 		/* 0 fails every request, or makes every call wait. */
 		{ "max-message-bytes", cfg->max_receive_bytes },
 		{ "max-concurrent-streams", cfg->max_concurrent_streams },
+		/* The service refuses these too, but too late to say which. */
+		{ "max-stored-message-bytes", cfg->service.max_message_bytes },
+		{ "idempotency-ttl",
+		  (unsigned long long)cfg->service.idempotency_ttl_us },
 		/* The context would take 0 for its 60 s default. */
 		{ "ttl-sweep-interval",
 		  (unsigned long long)cfg->context.sweep_interval_us },

@@ -148,7 +148,9 @@ zero_is_refused_where_one_is_the_least(void **state)
 				"--summarizer-max-concurrent",
 				"--max-messages-per-append", "--max-page-size",
 				"--ttl-sweep-interval", "--max-message-bytes",
-				"--max-concurrent-streams" };
+				"--max-concurrent-streams",
+				"--max-stored-message-bytes",
+				"--idempotency-ttl" };
 	histd_config cfg;
 
 	(void)state;
