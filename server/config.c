@@ -448,7 +448,9 @@ find_yaml_key(const char *key)
 	return NULL;
 }
 
-/* A flat mapping of option keys to scalars. */
+/* A flat mapping of option keys to scalars, in one document. A key given
+ * twice, or a second document, is refused rather than let the last win
+ * unseen. */
 static int
 load_yaml(histd_config *cfg, const char *path)
 {
@@ -456,7 +458,8 @@ load_yaml(histd_config *cfg, const char *path)
 	yaml_parser_t parser;
 	yaml_event_t ev;
 	char *key = NULL;
-	int depth = 0, rc = 0, done = 0;
+	unsigned char seen[N_OPTS] = { 0 };
+	int depth = 0, rc = 0, done = 0, docs = 0;
 
 	if (!f) {
 		fprintf(stderr, "histd: config file %s: %s\n", path,
@@ -474,6 +477,13 @@ load_yaml(histd_config *cfg, const char *path)
 			break;
 		}
 		switch (ev.type) {
+		case YAML_DOCUMENT_START_EVENT:
+			if (++docs > 1) {
+				fprintf(stderr, "histd: config file %s holds "
+					"more than one YAML document\n", path);
+				rc = -1;
+			}
+			break;
 		case YAML_MAPPING_START_EVENT:
 		case YAML_SEQUENCE_START_EVENT:
 			depth++;
@@ -506,6 +516,10 @@ load_yaml(histd_config *cfg, const char *path)
 				if (!o) {
 					fprintf(stderr, "histd: %s: unknown key"
 						" '%s'\n", from, key);
+					rc = -1;
+				} else if (seen[o - opts]++) {
+					fprintf(stderr, "histd: %s: key '%s' "
+						"appears twice\n", from, key);
 					rc = -1;
 				} else if (set_opt(cfg, o, s, from) != 0) {
 					rc = -1;
@@ -543,7 +557,8 @@ histd_config_usage(FILE *out)
 		"the environment, the environment over the file.\n"
 		"\n"
 		"  --config FILE  (HISTD_CONFIG)\n"
-		"      YAML file of options (keys as below, '-' written '_')\n");
+		"      YAML file of options: one flat mapping, each key once\n"
+		"      (keys as below, '-' written '_')\n");
 	for (size_t i = 0; i < N_OPTS; i++) {
 		env_name(&opts[i], env, sizeof(env));
 		fprintf(out, "  --%s  (%s)  default: %s\n      %s\n",

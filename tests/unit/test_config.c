@@ -184,6 +184,32 @@ unknown_yaml_key_is_refused(void **state)
 	unlink(path);
 }
 
+/* The file is a flat mapping: nothing in it may hide another value. */
+static void
+repeated_yaml_key_or_document_is_refused(void **state)
+{
+	const char *texts[] = {
+		"max_messages_per_append: 3\nmax_messages_per_append: 6\n",
+		"max_messages_per_append: 3\n---\nmax_messages_per_append: 6\n",
+		"---\nlisten: 127.0.0.1:5\n---\n",
+	};
+	histd_config cfg;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(texts) / sizeof(*texts); i++) {
+		char path[] = "/tmp/histd-config-XXXXXX";
+		int fd = mkstemp(path);
+		FILE *f = fdopen(fd, "w");
+		char *argv[] = { "histd", "--auth-disabled", "--config", path };
+
+		fputs(texts[i], f);
+		fclose(f);
+		assert_int_equal(load(&cfg, 4, argv), -1);
+		histd_config_free(&cfg);
+		unlink(path);
+	}
+}
+
 static void
 help_returns_one(void **state)
 {
@@ -229,6 +255,7 @@ main(void)
 		cmocka_unit_test(bad_input_is_refused),
 		cmocka_unit_test(zero_is_refused_where_one_is_the_least),
 		cmocka_unit_test(unknown_yaml_key_is_refused),
+		cmocka_unit_test(repeated_yaml_key_or_document_is_refused),
 		cmocka_unit_test(help_returns_one),
 		cmocka_unit_test(every_error_maps_to_its_status),
 	};
