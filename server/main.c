@@ -1,10 +1,12 @@
 /*
  * histd: start-up and shutdown.
  *
- * Signals: SIGTERM and SIGINT are blocked in every thread before gRPC
- * starts its own, and main waits for them with sigwait; then the server
- * drains (health NOT_SERVING, streams end with UNAVAILABLE, calls in
- * flight finish within the grace) and histd exits 0.
+ * Signals: SIGTERM, SIGINT and SIGHUP are blocked in every thread before
+ * gRPC starts its own, and main waits for them with sigwait. On SIGTERM or
+ * SIGINT the server drains (health NOT_SERVING, streams end with
+ * UNAVAILABLE, calls in flight finish within the grace) and histd exits 0.
+ * SIGHUP, which would otherwise kill histd on the spot, is logged and
+ * ignored: the files it might be sent to reload are watched already.
  *
  * Summarizers: the provider summarizers whose model is configured are
  * opened at start (a configured one without its API key stops start-up)
@@ -306,6 +308,7 @@ main(int argc, char **argv)
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGTERM);
 	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
@@ -383,8 +386,15 @@ main(int argc, char **argv)
 	} else {
 		histd_log(HISTD_LOG_INFO, "serving", "listen", cfg.listen,
 			  "port", portbuf, "driver", cfg.driver, NULL);
-		while (sigwait(&sigs, &sig) != 0)
-			;
+		for (;;) {
+			if (sigwait(&sigs, &sig) != 0)
+				continue;
+			if (sig != SIGHUP)
+				break;
+			histd_log(HISTD_LOG_INFO, "SIGHUP ignored: the keys "
+				  "and certificate files are re-read when they "
+				  "change", NULL);
+		}
 		histd_log(HISTD_LOG_INFO, "shutting down",
 			  "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT", NULL);
 	}

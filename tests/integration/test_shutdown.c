@@ -6,7 +6,7 @@
  * yet handed to histd); the acknowledged ones hold distinct seqs with no
  * hole and nothing beyond them was applied (no answer of a committed append
  * was lost); the subscriber got a gap-free prefix and then UNAVAILABLE;
- * histd exits 0 within its grace.
+ * histd exits 0 within its grace. SIGHUP is logged and changes nothing.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -303,6 +303,44 @@ static void sigterm_ends_an_idle_subscriber_with_unavailable(void **state)
 	free(id);
 }
 
+/* Whether the server's log holds needle yet. */
+static int log_has(const histd_proc *p, const char *needle)
+{
+	char path[256], line[4096];
+	int found = 0;
+	snprintf(path, sizeof(path), "%s/histd.log", p->dir);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, needle) != NULL;
+	fclose(f);
+	return found;
+}
+
+/* SIGHUP is what a reload is often sent as; histd re-reads its files by
+ * itself, so it logs the signal and goes on serving. */
+static void sighup_is_logged_and_serving_goes_on(void **state)
+{
+	(void)state;
+	histd_proc *p;
+	assert_int_equal(harness_start(&p, NULL), 0);
+	histd_client *c = harness_client(p);
+	char *id = t_create_session(c, "hup");
+	assert_int_equal(kill(p->pid, SIGHUP), 0);
+	int64_t t0 = t_now_ms();
+	while (!log_has(p, "SIGHUP ignored") && t_now_ms() - t0 < 20000)
+		sleep_ms(20);
+	if (!log_has(p, "SIGHUP ignored"))
+		harness_dump_log(p);
+	assert_true(log_has(p, "SIGHUP ignored"));
+	assert_int_equal(t_append_texts(c, id, 1, "after hup", 0, NULL),
+			 GRPC_STATUS_OK);
+	histd_client_close(c);
+	free(id);
+	assert_int_equal(harness_stop(p), 0);
+}
+
 int main(int argc, char **argv)
 {
 	if (harness_init(argc, argv))
@@ -311,6 +349,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(sigterm_under_load_drains_and_exits_zero),
 		cmocka_unit_test(sigint_with_an_idle_client_exits_zero_within_the_grace),
 		cmocka_unit_test(sigterm_ends_an_idle_subscriber_with_unavailable),
+		cmocka_unit_test(sighup_is_logged_and_serving_goes_on),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
