@@ -36,7 +36,8 @@ static const struct opt opts[] = {
 	{ "listen", OPT_STR, OFF(listen), "0.0.0.0:50051",
 	  "address to serve gRPC on (host:port; port 0 picks a free one)" },
 	{ "port-file", OPT_STR, OFF(port_file), "",
-	  "write the bound port to this file once serving" },
+	  "write the bound port to this file once serving (0 for a unix:\n"
+	  "      listener)" },
 	{ "driver", OPT_STR, OFF(driver), "file",
 	  "storage driver: file (durable, in data-dir), memory (lost at\n"
 	  "      exit) or postgres (shared by replicas)" },

@@ -851,6 +851,10 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 	s->threads = calloc((size_t)s->n_threads, sizeof(pthread_t));
 	for (int i = 0; i < s->n_threads; i++)
 		pthread_create(&s->threads[i], NULL, cq_thread, s);
+	/* gRPC answers 1 for a unix socket: not a port anyone could use. */
+	if (!strncmp(cfg->listen, "unix:", 5) ||
+	    !strncmp(cfg->listen, "unix-abstract:", 14))
+		port = 0;
 	*bound_port = port;
 	*out = s;
 	return 0;
