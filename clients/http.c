@@ -25,6 +25,7 @@ struct histd_http {
 	histd_http_stats stats;
 	/* histd_http_stop: calls end, waits end, nothing new starts. */
 	atomic_int stopped;
+	pthread_cond_t stop_cv;        /* backoff waits (wait_ms) */
 };
 
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
@@ -68,13 +69,15 @@ histd_http_new(histd_http **out, const histd_http_config *cfg)
 	}
 	h->cfg = *cfg;
 	pthread_mutex_init(&h->mu, NULL);
+	pthread_cond_init(&h->cv, NULL);
 	{
+		/* Not cv: a slot's one wake-up must reach a caller in
+		 * acquire, never a backoff wait. */
 		pthread_condattr_t ca;
 
-		/* Backoff waits are timed on it too (wait_ms). */
 		pthread_condattr_init(&ca);
 		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&h->cv, &ca);
+		pthread_cond_init(&h->stop_cv, &ca);
 		pthread_condattr_destroy(&ca);
 	}
 	*out = h;
@@ -89,6 +92,7 @@ histd_http_stop(histd_http *h)
 	pthread_mutex_lock(&h->mu);
 	atomic_store(&h->stopped, 1);
 	pthread_cond_broadcast(&h->cv);
+	pthread_cond_broadcast(&h->stop_cv);
 	pthread_mutex_unlock(&h->mu);
 }
 
@@ -102,6 +106,7 @@ histd_http_free(histd_http *h)
 	free(h->idle);
 	pthread_mutex_destroy(&h->mu);
 	pthread_cond_destroy(&h->cv);
+	pthread_cond_destroy(&h->stop_cv);
 	free(h);
 }
 
@@ -226,7 +231,7 @@ wait_ms(histd_http *h, int64_t ms)
 	}
 	pthread_mutex_lock(&h->mu);
 	while (!atomic_load(&h->stopped) &&
-	       pthread_cond_timedwait(&h->cv, &h->mu, &until) != ETIMEDOUT)
+	       pthread_cond_timedwait(&h->stop_cv, &h->mu, &until) != ETIMEDOUT)
 		;
 	pthread_mutex_unlock(&h->mu);
 }
