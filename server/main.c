@@ -340,14 +340,20 @@ main(int argc, char **argv)
 		goto out;
 	}
 	rc = histd_hub_new(&hub, &cfg.hub);
-	if (rc == 0) {
-		hook.hub = hub;
-		histd_driver_set_notify(drv, change_both, &hook);
-		rc = histd_context_new(&ctx, drv, &cfg.context);
-	}
 	if (rc == 0 && summarizers_open(&sums, &cfg) != 0) {
 		rc = -1;
 		goto out;
+	}
+	if (rc == 0) {
+		/* Before the context: its default pipeline may name a
+		 * provider summarizer, checked as it is parsed. */
+		src.exists = source_exists;
+		src.open = source_open;
+		src.arg = &sums;
+		histd_compaction_set_source(&src);
+		hook.hub = hub;
+		histd_driver_set_notify(drv, change_both, &hook);
+		rc = histd_context_new(&ctx, drv, &cfg.context);
 	}
 	if (rc == 0 && embedder_open(&emb, drv, &cfg, sums.http) != 0) {
 		rc = -1;
@@ -356,10 +362,6 @@ main(int argc, char **argv)
 	if (rc == 0) {
 		atomic_store(&hook.emb, emb);
 		histd_search_set_embedder(histd_embedder_search(emb));
-		src.exists = source_exists;
-		src.open = source_open;
-		src.arg = &sums;
-		histd_compaction_set_source(&src);
 	}
 	if (rc == 0) {
 		/* Compaction failures reach subscribers as plugin_error. */

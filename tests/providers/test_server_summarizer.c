@@ -56,6 +56,11 @@ setup(void **state)
 			/* A 500 fails the call at once: no retries. */
 			"--summarizer-max-retries", "0",
 			"--shutdown-grace", "1",
+			/* Naming a provider summarizer: checked at start, so
+			 * the summarizers must be known by then. */
+			"--default-pipeline",
+			"compaction:summarizer=anthropic,auto_reduce_when="
+			"tokens>=150000;window:max_tokens=180000",
 			NULL };
 
 		if (harness_start(&server, extra))
