@@ -726,44 +726,30 @@ header_ok(const uint8_t *p, size_t size, const char *magic, uint64_t gen,
 	return 1;
 }
 
-/* Cuts the file at off (a torn tail) and says so. */
+/* Cuts the last log at off and says so (at level, with what): a torn
+ * record, or the zeros the writer had prepared ahead of the last record,
+ * which only a histd that did not stop cleanly leaves (said too, because
+ * zeros are also what a lost disk block reads as). */
 static int
-truncate_tail(replay *r, int fd, uint64_t off, uint64_t size)
+cut_tail(replay *r, int fd, uint64_t off, uint64_t size,
+	 enum hf_log_level level, const char *what)
 {
 	char o[32], n[32];
 
 	if (ftruncate(fd, (off_t)off) != 0 || fdatasync(fd) != 0)
 		return histd_error_set(HISTD_EUNAVAILABLE,
-				       "cannot truncate the torn end of %s: %s",
+				       "cannot truncate the end of %s: %s",
 				       r->path, strerror(errno));
 	if (off == size)
 		return 0;       /* an empty file: nothing was cut */
 	snprintf(o, sizeof(o), "%llu", (unsigned long long)off);
 	snprintf(n, sizeof(n), "%llu", (unsigned long long)(size - off));
-	hf_log_line(r->d, HF_LOG_WARN, "file driver: truncated a torn record at the end of the log",
-		    "file", r->path, "offset", o, "bytes", n, NULL);
+	hf_log_line(r->d, level, what, "file", r->path, "offset", o, "bytes", n,
+		    NULL);
 	return 0;
 }
 
-/* Cuts the zeros the writer had prepared ahead of the last record: only
- * a histd that did not stop cleanly leaves them. Said, because zeros are
- * also what a lost disk block reads as. */
-static int
-cut_prepared(replay *r, int fd, uint64_t off, uint64_t size)
-{
-	char o[32], n[32];
-
-	if (ftruncate(fd, (off_t)off) != 0 || fdatasync(fd) != 0)
-		return histd_error_set(HISTD_EUNAVAILABLE, "cannot truncate %s: %s",
-				       r->path, strerror(errno));
-	snprintf(o, sizeof(o), "%llu", (unsigned long long)off);
-	snprintf(n, sizeof(n), "%llu", (unsigned long long)(size - off));
-	hf_log_line(r->d, HF_LOG_INFO,
-		    "file driver: cut the zeros prepared after the last record "
-		    "(histd had not stopped cleanly)",
-		    "file", r->path, "offset", o, "bytes", n, NULL);
-	return 0;
-}
+#define TORN "file driver: truncated a torn record at the end of the log"
 
 /*
  * Checks frames ahead of the replay on another core: the checksums cost
@@ -899,7 +885,7 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 			rc = corrupt(&r, "is not a valid file header");
 			goto out;
 		}
-		if ((rc = truncate_tail(&r, fd, 0, size)))
+		if ((rc = cut_tail(&r, fd, 0, size, HF_LOG_WARN, TORN)))
 			goto out;
 		hf_put_file_header(&b, HF_MAGIC_LOG, gen);
 		rc = b.oom ? HISTD_ENOMEM : hf_write_all(fd, b.p, b.len);
@@ -946,7 +932,10 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 					     "in zeros)");
 				goto out;
 			}
-			if ((rc = cut_prepared(&r, fd, off, size)))
+			if ((rc = cut_tail(&r, fd, off, size, HF_LOG_INFO,
+					   "file driver: cut the zeros prepared "
+					   "after the last record (histd had not "
+					   "stopped cleanly)")))
 				goto out;
 			size = off;
 			break;
@@ -959,7 +948,7 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 					 : "fails its checksum");
 			goto out;
 		}
-		if ((rc = truncate_tail(&r, fd, off, size)))
+		if ((rc = cut_tail(&r, fd, off, size, HF_LOG_WARN, TORN)))
 			goto out;
 		size = off;
 	}
