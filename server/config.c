@@ -2,6 +2,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -61,6 +62,12 @@ static const struct opt opts[] = {
 	{ "threads", OPT_INT, OFF(threads), "0",
 	  "threads serving the completion queue (0: 2 per core; at least\n"
 	  "      32 for the file and postgres drivers, which block)" },
+	{ "provider-call-threads", OPT_U32,
+	  OFF(service.provider_call_threads), "16",
+	  "threads running the calls that may wait on a provider (Reduce,\n"
+	  "      SEMANTIC and HYBRID Search), started as needed, so a slow\n"
+	  "      provider holds none of the threads above (0: run them there;\n"
+	  "      at most 1024)" },
 	{ "posted-calls", OPT_INT, OFF(posted_calls), "16",
 	  "requests kept posted per method" },
 	{ "max-message-bytes", OPT_U32, OFF(max_receive_bytes), "4M",
@@ -681,6 +688,11 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 	if (!*cfg->api_keys_file && !cfg->auth_disabled) {
 		fprintf(stderr, "histd: no API keys: give --api-keys-file, or "
 			"--auth-disabled to serve without authentication\n");
+		return -1;
+	}
+	if (cfg->service.provider_call_threads > 1024) {
+		fprintf(stderr, "histd: provider-call-threads is %" PRIu32
+			"; at most 1024\n", cfg->service.provider_call_threads);
 		return -1;
 	}
 	if (*cfg->api_keys_file && cfg->auth_disabled) {

@@ -1,6 +1,7 @@
 #include "service.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,11 +89,34 @@ histd_service_config_default(histd_service_config *cfg)
 	cfg->max_response_bytes = 4000000;
 	cfg->idempotency_ttl_us = INT64_C(24) * 3600 * 1000000;
 	cfg->context = NULL;
+	cfg->provider_call_threads = 16;
 }
+
+/* A call queued for a provider-call thread: its request as received. */
+struct slow_job {
+	struct slow_job *next;
+	enum histd_method m;
+	int read_only;
+	int64_t deadline_us;
+	void (*finish)(void *ctx, int rc, uint8_t *data, size_t len,
+		       const char *msg);
+	void *finish_ctx;
+	char *tenant;           /* in the same allocation, after req */
+	size_t len;
+	uint8_t req[];
+};
 
 struct histd_service {
 	histd_driver *d;
 	histd_service_config cfg;
+	/* Provider-call threads and their queue, under slow_mu. */
+	pthread_mutex_t slow_mu;
+	pthread_cond_t slow_cv;
+	struct slow_job *slow_head, **slow_tail;
+	size_t slow_queued;
+	pthread_t *slow_threads;     /* cfg.provider_call_threads slots */
+	uint32_t n_slow, idle_slow;
+	int slow_stop;
 };
 
 int
@@ -119,13 +143,35 @@ histd_service_new(histd_service **out, histd_driver *d,
 		histd_service_config_default(&s->cfg);
 	if (s->cfg.max_response_bytes == 0)
 		s->cfg.max_response_bytes = 4000000;
+	if (s->cfg.provider_call_threads &&
+	    !(s->slow_threads = calloc(s->cfg.provider_call_threads,
+				       sizeof(*s->slow_threads)))) {
+		free(s);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	pthread_mutex_init(&s->slow_mu, NULL);
+	pthread_cond_init(&s->slow_cv, NULL);
+	s->slow_tail = &s->slow_head;
 	*out = s;
 	return 0;
 }
 
+/* Queued calls still run (the transport waits for their answers before
+ * the service goes); then the threads end. */
 void
 histd_service_free(histd_service *s)
 {
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->slow_mu);
+	s->slow_stop = 1;
+	pthread_cond_broadcast(&s->slow_cv);
+	pthread_mutex_unlock(&s->slow_mu);
+	for (uint32_t i = 0; i < s->n_slow; i++)
+		pthread_join(s->slow_threads[i], NULL);
+	pthread_mutex_destroy(&s->slow_mu);
+	pthread_cond_destroy(&s->slow_cv);
+	free(s->slow_threads);
 	free(s);
 }
 
@@ -1317,6 +1363,7 @@ typedef struct call {
 	size_t raw_len;
 	histd_reply *reply;
 	ProtobufCAllocator *alloc;   /* the call's arena */
+	int read_only;
 	/* Append: the answer waiting for the driver's durability report
 	 * (NULL: none, the driver blocks), and whether the driver took it. */
 	struct pending *pending;
@@ -1989,6 +2036,114 @@ out:
 	return rc;
 }
 
+/* ---------------------------------------------------------------------- */
+/* Calls that wait on a provider                                           */
+
+/*
+ * Reduce, and Search in SEMANTIC or HYBRID mode, may wait on a provider
+ * (a summary, a query embedding) for as long as its timeout allows. On the
+ * transport's queue threads, a few of them against a stuck provider would
+ * stall every other call. When the transport takes deferred answers, such
+ * a call is queued here instead, run again on one of the service's own
+ * threads (started as needed, at most cfg.provider_call_threads), and
+ * answered from there.
+ */
+static void
+slow_run(histd_service *s, struct slow_job *j)
+{
+	histd_reply r = { 0 };
+	histd_caller who = { j->tenant, j->read_only };
+	int rc;
+
+	histd_error_clear();
+	if (j->deadline_us && histd_mono_us() >= j->deadline_us)
+		rc = histd_error_set(HISTD_EUNAVAILABLE, "the deadline passed "
+				     "while the call waited for a provider-call "
+				     "thread");
+	else
+		rc = histd_service_unary(s, j->m, &who, j->req, j->len, &r);
+	if (rc)
+		j->finish(j->finish_ctx, rc, NULL, 0, histd_error_message());
+	else
+		j->finish(j->finish_ctx, 0, r.data, r.len, "");
+	free(j);
+}
+
+static void *
+slow_main(void *arg)
+{
+	histd_service *s = arg;
+
+	pthread_mutex_lock(&s->slow_mu);
+	for (;;) {
+		struct slow_job *j;
+
+		while (!s->slow_head && !s->slow_stop) {
+			s->idle_slow++;
+			pthread_cond_wait(&s->slow_cv, &s->slow_mu);
+			s->idle_slow--;
+		}
+		if (!(j = s->slow_head))
+			break;
+		if (!(s->slow_head = j->next))
+			s->slow_tail = &s->slow_head;
+		s->slow_queued--;
+		pthread_mutex_unlock(&s->slow_mu);
+		slow_run(s, j);
+		pthread_mutex_lock(&s->slow_mu);
+	}
+	pthread_mutex_unlock(&s->slow_mu);
+	return NULL;
+}
+
+/*
+ * Queues the call for a provider-call thread: 1 if it was (the answer is
+ * deferred), 0 if it runs here (no deferred answers, no threads
+ * configured, or no memory or thread for it).
+ */
+static int
+offload(call *c)
+{
+	histd_service *s = c->s;
+	size_t tlen = strlen(c->tenant) + 1;
+	struct slow_job *j;
+
+	if (!c->reply->finish || !s->cfg.provider_call_threads)
+		return 0;
+	if (!(j = malloc(sizeof(*j) + c->raw_len + tlen)))
+		return 0;
+	j->next = NULL;
+	j->m = c->m;
+	j->read_only = c->read_only;
+	j->deadline_us = c->reply->deadline_us;
+	j->finish = c->reply->finish;
+	j->finish_ctx = c->reply->finish_ctx;
+	j->len = c->raw_len;
+	memcpy(j->req, c->raw, c->raw_len);
+	j->tenant = (char *)j->req + c->raw_len;
+	memcpy(j->tenant, c->tenant, tlen);
+
+	pthread_mutex_lock(&s->slow_mu);
+	/* One more thread when none is idle for it, up to the limit. */
+	if (!s->slow_stop && s->slow_queued >= s->idle_slow &&
+	    s->n_slow < s->cfg.provider_call_threads &&
+	    pthread_create(&s->slow_threads[s->n_slow], NULL, slow_main,
+			   s) == 0)
+		s->n_slow++;
+	if (s->slow_stop || s->n_slow == 0) {
+		pthread_mutex_unlock(&s->slow_mu);
+		free(j);
+		return 0;
+	}
+	*s->slow_tail = j;
+	s->slow_tail = &j->next;
+	s->slow_queued++;
+	pthread_cond_signal(&s->slow_cv);
+	pthread_mutex_unlock(&s->slow_mu);
+	c->reply->deferred = 1;
+	return 1;
+}
+
 /* Reduce: compaction now (server/context.h). */
 static int
 h_reduce(call *c, void *msg)
@@ -1998,6 +2153,8 @@ h_reduce(call *c, void *msg)
 
 	if ((rc = histd_check_session_id(r->session_id, "session_id")))
 		return rc;
+	if (offload(c))
+		return 0;
 	return histd_context_reduce(c->s->cfg.context, c->s->d, c->tenant, r,
 				    &c->reply->data, &c->reply->len);
 }
@@ -2081,6 +2238,12 @@ typedef int (*handler_fn)(call *c, void *msg);
 static int
 h_search(call *c, void *msg)
 {
+	Histd__V1__SearchRequest *r = msg;
+
+	if ((r->mode == HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC ||
+	     r->mode == HISTD__V1__SEARCH_MODE__SEARCH_MODE_HYBRID) &&
+	    offload(c))
+		return 0;
 	return histd_search_rpc(c->s->d, c->tenant, msg, c->alloc,
 				&c->reply->data, &c->reply->len);
 }
@@ -2260,6 +2423,7 @@ histd_service_unary(histd_service *s, enum histd_method m,
 	c.raw_len = len;
 	c.reply = reply;
 	c.alloc = &alloc;
+	c.read_only = who->read_only;
 	c.pending = NULL;
 	c.deferred = 0;
 	rc = methods[m].fn(&c, msg);

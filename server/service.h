@@ -58,6 +58,11 @@ typedef struct histd_service_config {
 	 * automatic compaction. Borrowed; must outlive the service. NULL:
 	 * no default pipeline and no automatic compaction. */
 	struct histd_context *context;
+	/* Threads for the calls that may wait on a provider (Reduce, and
+	 * Search in SEMANTIC or HYBRID mode) when the transport takes
+	 * deferred answers: started as needed, at most this many; default
+	 * 16. 0 runs such calls on the caller's thread. */
+	uint32_t provider_call_threads;
 } histd_service_config;
 
 /* Fills the defaults above. */
@@ -80,7 +85,8 @@ typedef struct histd_reply {
 	uint64_t current_revision;
 	/*
 	 * Set by the transport, or NULL: how an answer that waits for the
-	 * driver's durability report is given without holding the calling
+	 * driver's durability report, or for a provider-call thread (Reduce,
+	 * SEMANTIC and HYBRID Search), is given without holding the calling
 	 * thread. The service then returns 0 with `deferred` set and calls
 	 * finish(finish_ctx, ...) exactly once, possibly from another thread
 	 * and possibly before it returns: rc 0 with the packed response
@@ -90,6 +96,10 @@ typedef struct histd_reply {
 		       const char *msg);
 	void *finish_ctx;
 	int deferred;
+	/* Set by the transport with finish: the call's deadline
+	 * (histd_mono_us clock; 0: none). A call queued for a provider-call
+	 * thread past it is not run. */
+	int64_t deadline_us;
 } histd_reply;
 
 typedef struct histd_service histd_service;

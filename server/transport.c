@@ -227,6 +227,20 @@ deadline_passed(struct histd_call *c)
 	return gpr_time_cmp(c->deadline, now) < 0;
 }
 
+/* The call's deadline on histd_mono_us's clock; 0 if it has none. */
+static int64_t
+deadline_mono_us(struct histd_call *c)
+{
+	gpr_timespec now = gpr_now(c->deadline.clock_type);
+	gpr_timespec left;
+
+	if (gpr_time_cmp(c->deadline,
+			 gpr_inf_future(c->deadline.clock_type)) == 0)
+		return 0;
+	left = gpr_time_sub(c->deadline, now);
+	return histd_mono_us() + gpr_time_to_millis(left) * 1000;
+}
+
 /* The request id for logs: the client's x-request-id (printable, at most
  * 64 characters) or one made here. */
 static void
@@ -388,6 +402,7 @@ handle_unary(struct histd_call *c)
 		histd_call_ref(c);
 		reply.finish = finish_deferred;
 		reply.finish_ctx = c;
+		reply.deadline_us = deadline_mono_us(c);
 		rc = histd_service_unary(c->srv->svc,
 					 (enum histd_method)c->method, &who,
 					 GRPC_SLICE_START_PTR(req),

@@ -107,7 +107,7 @@ check_after(histd_service *s, Histd__V1__Format format)
 {
 	Histd__V1__GetMessagesRequest get = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
 	Histd__V1__ExportRequest exp = HISTD__V1__EXPORT_REQUEST__INIT;
-	histd_reply reply;
+	histd_reply reply = { 0 };
 	int rc;
 
 	get.session_id = FZ_SESSION;
@@ -150,7 +150,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	histd_service_config cfg;
 	histd_driver *d;
 	histd_service *s;
-	histd_reply reply;
+	histd_reply reply = { 0 };
 	enum histd_method m;
 	int rc;
 

@@ -392,6 +392,96 @@ reduce_thread(void *arg)
 	return NULL;
 }
 
+struct stuck_reduce {
+	const char *id;
+	grpc_status_code code;
+	pthread_t th;
+};
+
+static void *
+stuck_reduce_thread(void *arg)
+{
+	struct stuck_reduce *r = arg;
+	Histd__V1__ReduceResponse *rr = NULL;
+
+	r->code = reduce(r->id, &rr, NULL);
+	histd_client_message_free((ProtobufCMessage *)rr);
+	return NULL;
+}
+
+/* More Reduce calls stuck on a provider than histd has queue threads:
+ * every other call is still answered, because a call that waits on a
+ * provider runs on a provider-call thread. On SIGTERM the stuck ones end
+ * UNAVAILABLE after the grace. */
+static void
+reduces_stuck_on_a_provider_hold_no_queue_thread(void **state)
+{
+	enum { STUCK = 3 };
+	const char *url = stub_url(provider);
+	const char *extra[] = { "--threads", "2",
+				"--anthropic-base-url", url,
+				"--anthropic-model", "claude-test",
+				"--summarizer-max-retries", "0",
+				"--shutdown-grace", "1", NULL };
+	tarena *a = ta_new();
+	struct stuck_reduce r[STUCK];
+	Histd__V1__GetSessionRequest *gs = ta_alloc(a, sizeof(*gs));
+	Histd__V1__Session *sess = NULL;
+	histd_client *saved = client;
+	histd_proc *narrow;
+	histd_status st;
+	unsigned before;
+	int i, status;
+
+	(void)state;
+	assert_int_equal(harness_start(&narrow, extra), 0);
+	client = harness_client(narrow);
+	for (i = 0; i < STUCK; i++) {
+		r[i].id = ta_printf(a, "stuck%d", i);
+		create(a, r[i].id, "anthropic");
+		fill(a, r[i].id);
+	}
+	before = stub_requests(provider);
+	for (i = 0; i < STUCK; i++)
+		stub_push(provider, (stub_reply){ .retry_after = -1,
+						  .delay_ms = 60000 });
+	for (i = 0; i < STUCK; i++)
+		assert_int_equal(pthread_create(&r[i].th, NULL,
+						stuck_reduce_thread, &r[i]), 0);
+	/* Both queue threads would be taken by now without the fix. */
+	for (i = 0; i < 400 && stub_requests(provider) < before + 2; i++)
+		usleep(50 * 1000);
+	assert_true(stub_requests(provider) >= before + 2);
+
+	histd__v1__get_session_request__init(gs);
+	gs->session_id = (char *)r[0].id;
+	histd_status_init(&st);
+	t_call(client, "GetSession", gs, &histd__v1__session__descriptor,
+	       &sess, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_status_reset(&st);
+	histd_client_message_free((ProtobufCMessage *)sess);
+	append(a, r[1].id, tm_text(a, HISTD__V1__ROLE__ROLE_USER,
+				   "Still there?"));
+	/* The third Reduce was not held behind the first two either. */
+	for (i = 0; i < 400 && stub_requests(provider) < before + STUCK; i++)
+		usleep(50 * 1000);
+	assert_int_equal(stub_requests(provider), before + STUCK);
+
+	status = harness_signal_wait(narrow, SIGTERM, 30000);
+	for (i = 0; i < STUCK; i++)
+		pthread_join(r[i].th, NULL);
+	if (status != 0)
+		harness_dump_log(narrow);
+	assert_int_equal(status, 0);
+	for (i = 0; i < STUCK; i++)
+		assert_int_equal(r[i].code, GRPC_STATUS_UNAVAILABLE);
+	harness_free(narrow);
+	histd_client_close(client);
+	client = saved;
+	ta_free(a);
+}
+
 /* SIGTERM while a Reduce waits on a provider that would take a minute:
  * the call gets its grace (1 s here), then the provider call is
  * abandoned and histd exits 0, long before the provider would answer.
@@ -444,6 +534,8 @@ main(int argc, char **argv)
 		cmocka_unit_test(
 			an_unconfigured_provider_fails_naming_its_key_variable),
 		cmocka_unit_test(the_server_log_never_holds_an_api_key),
+		cmocka_unit_test(
+			reduces_stuck_on_a_provider_hold_no_queue_thread),
 		cmocka_unit_test(shutdown_abandons_a_provider_call_after_the_grace),
 	};
 

@@ -493,6 +493,7 @@ config_defaults_match_the_header(void **state)
 	assert_int_equal(c.max_message_bytes, 1024 * 1024);
 	assert_int_equal(c.max_page_size, 1000);
 	assert_true(c.idempotency_ttl_us == INT64_C(86400000000));
+	assert_int_equal(c.provider_call_threads, 16);
 	assert_ptr_equal(histd_service_driver(svc), drv);
 	assert_int_equal(histd_service_get_config(svc)->max_page_size, 50);
 }
@@ -1526,7 +1527,7 @@ raw_fast_path_bytes_are_a_valid_response_equal_to_the_stored_messages(void **sta
 	Histd__V1__Message *in[3];
 	Histd__V1__GetMessagesRequest r = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
 	Histd__V1__GetMessagesResponse *g;
-	histd_reply rep;
+	histd_reply rep = { 0 };
 	uint8_t *req, *again;
 	size_t req_len, again_len;
 	uint64_t sum = 0;
@@ -2017,7 +2018,7 @@ hammer_appends(void *arg)
 	struct hammer *h = arg;
 
 	for (int i = 0; i < 50; i++) {
-		histd_reply r;
+		histd_reply r = { 0 };
 
 		if (histd_service_unary(svc, HISTD_M_APPEND, &alice, h->req,
 					h->len, &r) != 0)
@@ -2075,6 +2076,114 @@ service_refuses_missing_driver_and_zero_limits(void **state)
 	histd_service_free(s2);
 }
 
+/* A deferred answer, as the transport would take it. */
+struct deferred {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int done, rc;
+	pthread_t thread;
+	char msg[256];
+};
+
+static void
+deferred_finish(void *ctx, int rc, uint8_t *data, size_t len,
+		const char *msg)
+{
+	struct deferred *d = ctx;
+
+	(void)len;
+	free(data);
+	pthread_mutex_lock(&d->mu);
+	d->done = 1;
+	d->rc = rc;
+	d->thread = pthread_self();
+	snprintf(d->msg, sizeof(d->msg), "%s", msg ? msg : "");
+	pthread_cond_signal(&d->cv);
+	pthread_mutex_unlock(&d->mu);
+}
+
+/* Runs m with a deferred answer possible: whether it was deferred, and
+ * then the code the answer carried (waited for). */
+static int
+call_deferrable(histd_service *s, enum histd_method m, const void *req,
+		int64_t deadline_us, int *rc_out, char *msg, size_t cap)
+{
+	struct deferred d = { .done = 0 };
+	histd_reply r = { .finish = deferred_finish, .finish_ctx = &d,
+			   .deadline_us = deadline_us };
+	size_t len;
+	uint8_t *bytes = pack(req, &len);
+	int rc, deferred;
+
+	pthread_mutex_init(&d.mu, NULL);
+	pthread_cond_init(&d.cv, NULL);
+	rc = histd_service_unary(s, m, &alice, bytes, len, &r);
+	deferred = rc == 0 && r.deferred;
+	if (deferred) {
+		pthread_mutex_lock(&d.mu);
+		while (!d.done)
+			pthread_cond_wait(&d.cv, &d.mu);
+		pthread_mutex_unlock(&d.mu);
+		assert_false(pthread_equal(d.thread, pthread_self()));
+		*rc_out = d.rc;
+		snprintf(msg, cap, "%s", d.msg);
+	} else {
+		*rc_out = rc;
+		snprintf(msg, cap, "%s", rc ? histd_error_message() : "");
+		free(r.data);
+	}
+	pthread_mutex_destroy(&d.mu);
+	pthread_cond_destroy(&d.cv);
+	return deferred;
+}
+
+/* Reduce and SEMANTIC or HYBRID Search may wait on a provider: with a
+ * transport that takes deferred answers, they run on a provider-call
+ * thread; everything else (LEXICAL Search here) runs on the caller's. */
+static void
+calls_that_may_wait_on_a_provider_run_on_their_own_threads(void **state)
+{
+	Histd__V1__ReduceRequest red = HISTD__V1__REDUCE_REQUEST__INIT;
+	Histd__V1__SearchRequest sr = HISTD__V1__SEARCH_REQUEST__INIT;
+	histd_service_config c0 = cfg;
+	histd_service *s0;
+	char msg[256];
+	int rc;
+
+	(void)state;
+	red.session_id = "nosuch";
+	assert_true(call_deferrable(svc, HISTD_M_REDUCE, &red, 0, &rc, msg,
+				    sizeof(msg)));
+	assert_int_equal(rc, HISTD_ENOTFOUND);
+	sr.query = "anything";
+	sr.mode = HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC;
+	assert_true(call_deferrable(svc, HISTD_M_SEARCH, &sr, 0, &rc, msg,
+				    sizeof(msg)));
+	assert_int_equal(rc, 0);
+	sr.mode = HISTD__V1__SEARCH_MODE__SEARCH_MODE_HYBRID;
+	assert_true(call_deferrable(svc, HISTD_M_SEARCH, &sr, 0, &rc, msg,
+				    sizeof(msg)));
+	assert_int_equal(rc, 0);
+	sr.mode = HISTD__V1__SEARCH_MODE__SEARCH_MODE_LEXICAL;
+	assert_false(call_deferrable(svc, HISTD_M_SEARCH, &sr, 0, &rc, msg,
+				     sizeof(msg)));
+	assert_int_equal(rc, 0);
+
+	/* Queued past its deadline: not run. */
+	assert_true(call_deferrable(svc, HISTD_M_REDUCE, &red, 1, &rc, msg,
+				    sizeof(msg)));
+	assert_int_equal(rc, HISTD_EUNAVAILABLE);
+	assert_non_null(strstr(msg, "deadline passed"));
+
+	/* No provider-call threads: on the caller's thread. */
+	c0.provider_call_threads = 0;
+	assert_int_equal(histd_service_new(&s0, drv, &c0), 0);
+	assert_false(call_deferrable(s0, HISTD_M_REDUCE, &red, 0, &rc, msg,
+				     sizeof(msg)));
+	assert_int_equal(rc, HISTD_ENOTFOUND);
+	histd_service_free(s0);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int
@@ -2083,6 +2192,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		T(method_tables_follow_the_enum),
 		T(config_defaults_match_the_header),
+		T(calls_that_may_wait_on_a_provider_run_on_their_own_threads),
 		T(session_id_is_1_to_128_of_the_allowed_characters),
 		T(create_session_returns_it_at_revision_1),
 		T(create_session_without_id_assigns_a_uuid),
