@@ -3,7 +3,9 @@
  *
  * reduce picks how many of the oldest messages after the previous summary
  * to cover, always at a safe start (plugin.h) so that the verbatim tail
- * splits no tool call from its results and no assistant turn, and never
+ * splits no tool call from its results and no assistant turn, never past
+ * a tool call whose result has not come yet (histd_first_open_call: the
+ * result, appended later, would lose its call), and never
  * into the newest keep_recent messages: the most recent tail stays
  * verbatim even when a Reduce bound asks for more (then the bound is met
  * as far as that allows). The summarizer gets the previous summary to
@@ -301,7 +303,7 @@ static int
 c_reduce(void *state, histd_reduce *r)
 {
 	const struct compaction *c = state;
-	size_t n = r->n_messages, cut, limit;
+	size_t n = r->n_messages, cut, limit, open;
 	unsigned char *safe;
 	histd_summarizer *s = NULL;
 	histd_summary_request req = { 0 };
@@ -315,6 +317,11 @@ c_reduce(void *state, histd_reduce *r)
 	limit = n > c->keep ? n - (size_t)c->keep : 0;
 	if (cut > limit)
 		cut = limit;
+	/* Never cover a call whose result has not come yet. */
+	if ((rc = histd_first_open_call(r->messages, n, &open)))
+		return rc;
+	if (cut > open)
+		cut = open;
 	if (!(safe = malloc(n + 1)))
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	if ((rc = histd_safe_starts_msgs(r->messages, n, safe, 1))) {

@@ -1429,14 +1429,15 @@ safe_scan(const struct turn_info *t, size_t n, size_t lo, unsigned char *safe,
 	return rc;
 }
 
-int
-histd_safe_starts_msgs(Histd__V1__Message *const *m, size_t n,
-		       unsigned char *safe, int first_is_start)
+/* The turn info of m[0..n): *t and *refs malloc'ed (the caller frees
+ * both; *refs may be NULL). */
+static int
+msgs_turns(Histd__V1__Message *const *m, size_t n, struct turn_info **tp,
+	   histd_view_tool **refsp)
 {
 	struct turn_info *t = calloc(n ? n : 1, sizeof(*t));
 	histd_view_tool *refs = NULL;
 	size_t total = 0, o = 0;
-	int rc;
 
 	if (!t)
 		return enomem();
@@ -1464,7 +1465,51 @@ histd_safe_starts_msgs(Histd__V1__Message *const *m, size_t n,
 		}
 		t[i].n_refs = (size_t)(refs + o - t[i].refs);
 	}
+	*tp = t;
+	*refsp = refs;
+	return 0;
+}
+
+int
+histd_safe_starts_msgs(Histd__V1__Message *const *m, size_t n,
+		       unsigned char *safe, int first_is_start)
+{
+	struct turn_info *t;
+	histd_view_tool *refs;
+	int rc;
+
+	if ((rc = msgs_turns(m, n, &t, &refs)))
+		return rc;
 	rc = safe_scan(t, n, 0, safe, first_is_start);
+	free(refs);
+	free(t);
+	return rc;
+}
+
+int
+histd_first_open_call(Histd__V1__Message *const *m, size_t n, size_t *at)
+{
+	struct turn_info *t;
+	histd_view_tool *refs;
+	histd_idset answered;
+	int rc;
+
+	*at = n;
+	if ((rc = msgs_turns(m, n, &t, &refs)))
+		return rc;
+	histd_idset_init(&answered);
+	for (size_t k = 0; k < n && !rc; k++)
+		for (size_t j = 0; j < t[k].n_refs && !rc; j++)
+			if (t[k].refs[j].kind == HISTD_ITEM_RESULTS)
+				rc = histd_idset_add(&answered, t[k].refs[j].id);
+	for (size_t k = 0; k < n && !rc && *at == n; k++)
+		for (size_t j = 0; j < t[k].n_refs; j++)
+			if (t[k].refs[j].kind == HISTD_ITEM_CALLS &&
+			    !histd_idset_has(&answered, t[k].refs[j].id)) {
+				*at = k;
+				break;
+			}
+	histd_idset_free(&answered);
 	free(refs);
 	free(t);
 	return rc;

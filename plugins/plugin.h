@@ -161,7 +161,10 @@ typedef struct histd_session_totals {
 /*
  * A reduce call. The compaction decides how many of the oldest messages
  * to summarize (n_covered, a safe boundary: the kept messages hold the
- * calls of all their results) and asks its summarizer.
+ * calls of all their results, and no covered message holds a call whose
+ * result is not stored yet: histd_first_open_call) and asks its
+ * summarizer. The host refuses a cut that is not safe (EINTERNAL) and
+ * stores nothing then.
  */
 typedef struct histd_reduce {
 	/* In: every message after the previous summary, oldest first, system
@@ -399,6 +402,17 @@ int histd_safe_starts_items_from(histd_view *v, size_t from, size_t lo,
 				 unsigned char *safe, int first_is_start);
 int histd_safe_starts_msgs(Histd__V1__Message *const *m, size_t n,
 			   unsigned char *safe, int first_is_start);
+
+/*
+ * Open tool calls. For the messages after a summary m[0..n) (the whole
+ * rest of the session), *at is the index of the first message holding a
+ * tool_call that no tool_result in m[0..n) answers (yet), or n when every
+ * call is answered. A compaction covers at most m[0..*at): its result may
+ * still be appended, and a covered call would leave it without its call
+ * in the CONTEXT view. 0 or ENOMEM.
+ */
+int histd_first_open_call(Histd__V1__Message *const *m, size_t n,
+			  size_t *at);
 
 /* ---------------------------------------------------------------------- */
 /* Built-in plugins                                                        */

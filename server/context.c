@@ -1070,6 +1070,35 @@ system_totals(histd_context *x, histd_driver *d, const char *tenant,
 }
 
 /*
+ * Whether covering m[0..cut) of the messages after the previous summary is
+ * a safe cut (plugin.h, histd_reduce): the kept messages hold the calls of
+ * their results, no assistant turn is cut, and no covered call waits for
+ * its result (which, appended later, would lose its call in the CONTEXT
+ * view). The built-in compaction cuts so; the host checks every reducer,
+ * since a summary is for good.
+ */
+static int
+check_cut(Histd__V1__Message *const *m, size_t n, size_t cut,
+	  const char *plugin)
+{
+	unsigned char *safe = malloc(n + 1);
+	size_t open = n;
+	int rc;
+
+	if (!safe)
+		return enomem();
+	rc = histd_safe_starts_msgs(m, n, safe, 1);
+	if (!rc)
+		rc = histd_first_open_call(m, n, &open);
+	if (!rc && (!safe[cut] || cut > open))
+		rc = histd_error_set(HISTD_EINTERNAL, "the %s plugin's summary "
+				     "would split a tool call from its result "
+				     "or an assistant turn", plugin);
+	free(safe);
+	return rc;
+}
+
+/*
  * Compacts one session now. *summary_out (may be NULL) gets the stored
  * Summary (caller frees with histd__v1__summary__free_unpacked), NULL when
  * nothing needed compaction; *revision the session's revision after.
@@ -1193,6 +1222,8 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 	if ((rc = pl->reduce(state, &red)))
 		goto out;
 	if (red.n_covered == 0 || red.n_covered > n_msgs)
+		goto out;
+	if ((rc = check_cut(msgs, n_msgs, red.n_covered, pl->name)))
 		goto out;
 
 	out.covers_from_seq = prev && prev->covers_from_seq ?
@@ -1570,6 +1601,82 @@ out:
 /* ---------------------------------------------------------------------- */
 /* Retention                                                               */
 
+/* 1 in *open if rec (a stored message) holds a tool call whose result is
+ * not stored (yet). */
+static int
+has_open_call(struct sess *s, const histd_record *rec, int *open)
+{
+	Histd__V1__Message *m;
+	uint32_t flags;
+	int role, rc = 0;
+
+	*open = 0;
+	if (histd_message_scan(rec->data, rec->len, &role, &flags))
+		goto corrupt;
+	if (!(flags & HISTD_ITEM_CALLS) || role == HISTD__V1__ROLE__ROLE_SYSTEM)
+		return 0;
+	if (!(m = histd__v1__message__unpack(NULL, rec->len, rec->data)))
+		goto corrupt;
+	for (size_t j = 0; j < m->n_content && !rc && !*open; j++) {
+		histd_record *r = NULL;
+
+		if (m->content[j]->block_case !=
+		    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL)
+			continue;
+		rc = histd_driver_tool_result(s->d, s->tenant, s->id,
+					      m->content[j]->tool_call->id, &r);
+		if (rc == HISTD_ENOTFOUND) {
+			*open = 1;
+			rc = 0;
+		}
+		histd_record_free(r);
+	}
+	histd__v1__message__free_unpacked(m, NULL);
+	return rc;
+corrupt:
+	return histd_error_set(HISTD_ECORRUPT, "the stored message at seq %"
+			       PRIu64 " does not decode", rec->seq);
+}
+
+/*
+ * Lowers *cut below the first message in (after, *cut] that holds a tool
+ * call whose result is not stored yet: deleted, the call would be
+ * forgotten, and its result refused when it comes. Reads at revision rev
+ * (ECONFLICT when a write came in between; a result stored since then
+ * changed the revision too, so the truncate at rev fails and retention
+ * looks again).
+ */
+static int
+keep_open_calls(struct sess *s, uint64_t after, uint64_t rev, uint64_t *cut)
+{
+	histd_read q = { .tenant = s->tenant, .session_id = s->id,
+			 .after_seq = after, .limit = 256 };
+	histd_read_result res = { 0 };
+	int rc = 0, open = 0;
+
+	while (!rc && !open && q.after_seq < *cut) {
+		if ((rc = histd_driver_read(s->d, &q, &res)))
+			break;
+		if (res.revision != rev)
+			rc = histd_error_set(HISTD_ECONFLICT, "the session "
+					     "changed during retention");
+		for (size_t i = 0; !rc && !open && i < res.records.n; i++) {
+			const histd_record *r = &res.records.v[i];
+
+			if (r->seq > *cut)
+				break;
+			if (!(rc = has_open_call(s, r, &open)) && open)
+				*cut = r->seq - 1;
+		}
+		if (res.records.n == 0 || !res.has_more)
+			break;
+		q.after_seq = res.records.v[res.records.n - 1].seq;
+		histd_read_result_clear(&res);
+	}
+	histd_read_result_clear(&res);
+	return rc;
+}
+
 /*
  * What retention deletes now, for the session record sr that p (whose
  * window wi has retention = delete) was built from: *up_to is the seq to
@@ -1581,8 +1688,10 @@ out:
  * after the summary), with the transforms of p up to the window run on it
  * in order, as they run for the CONTEXT view: so the start is that view's.
  * up_to is start - 1, at most the summary's covers_to_seq - 1 so that the
- * summary stays; 0 when the window keeps no message (the newest stays,
- * whatever its size) or when only system messages are stored at or below.
+ * summary stays, and below the first message holding a tool call whose
+ * result is not stored yet (keep_open_calls); 0 when the window keeps no
+ * message (the newest stays, whatever its size) or when only system
+ * messages are stored at or below.
  * Everything is read at one instant, sr's revision: ECONFLICT when a write
  * came in between. HISTD_PLUGIN_MORE: load more.
  */
@@ -1650,6 +1759,10 @@ window_cut(struct sess *s, const histd_session *sr, const histd_pipeline *p,
 	cut = start - 1;
 	if (sum && cut >= sum->covers_to_seq)
 		cut = sum->covers_to_seq - 1;
+	if ((rc = keep_open_calls(s, sr->cleared_to_seq, sr->revision, &cut)))
+		goto out;
+	if (cut <= sr->cleared_to_seq)
+		goto out;
 	/* Only when a non-system message is stored at or below the cut: one
 	 * loaded, or one older than what was loaded (the stored messages
 	 * older than the load are more than the system ones among them). */

@@ -29,7 +29,9 @@
  * Compaction. At most one per session at a time in this process (Reduce
  * waits for a running automatic one). It reads the messages after the
  * previous summary, asks the pipeline's reducer (compaction with its
- * defaults when the pipeline has none), and stores the Summary with
+ * defaults when the pipeline has none), checks the cut it returns (one
+ * that is not safe, plugin.h histd_reduce, is EINTERNAL and nothing is
+ * stored), and stores the Summary with
  * summary_put at the session's current revision, re-checked so that a
  * concurrent append (seqs after the covered range) only retries the put
  * and a concurrent clear or replace drops the summary. Storage of messages
@@ -50,12 +52,15 @@
  * older than where that window starts in the CONTEXT view: the view is
  * built from the RAW tail as for a read and the pipeline's transforms up
  * to that window run on it. Never the newest summary's covers_to_seq or
- * above (the summary stays), nothing when the window keeps no message, no
- * truncate when only system messages would go. It truncates at the
- * revision it read: a write in between makes it read again, then retry
- * shortly after. A failure is reported and retried like a compaction's,
- * with plugin "window". The CONTEXT view and the system index find the
- * system messages a truncate kept at or below cleared_to_seq.
+ * above (the summary stays), never a message holding a tool call whose
+ * result is not stored yet or anything after it (the driver would forget
+ * the call and refuse the result), nothing when the window keeps no
+ * message, no truncate when only system messages would go. It
+ * truncates at the revision it read: a write in between makes it read
+ * again, then retry shortly after. A failure is reported and retried like
+ * a compaction's, with plugin "window". The CONTEXT view and the system
+ * index find the system messages a truncate kept at or below
+ * cleared_to_seq.
  *
  * TTL. With session_ttl set, a sweeper deletes every session idle for
  * longer: no change to it (updated_at, its newest message's created_at,

@@ -275,6 +275,55 @@ reduce(const char *id, Histd__V1__ReduceResponse **out)
 		    &histd__v1__reduce_response__descriptor, (void **)out);
 }
 
+static int
+reduce_bounded(const char *id, uint32_t max_entries, uint64_t max_tokens,
+	       Histd__V1__ReduceResponse **out)
+{
+	Histd__V1__ReduceRequest r = HISTD__V1__REDUCE_REQUEST__INIT;
+
+	r.session_id = (char *)id;
+	r.max_entries = max_entries;
+	r.max_tokens = max_tokens;
+	return ut_call(HISTD_M_REDUCE, &r.base,
+		    &histd__v1__reduce_response__descriptor, (void **)out);
+}
+
+static Histd__V1__Session *
+session(const char *id)
+{
+	Histd__V1__GetSessionRequest r = HISTD__V1__GET_SESSION_REQUEST__INIT;
+	void *resp;
+
+	r.session_id = (char *)id;
+	if (ut_call(HISTD_M_GET_SESSION, &r.base,
+		    &histd__v1__session__descriptor, &resp))
+		fail_msg("get session: %s", histd_error_message());
+	return resp;
+}
+
+/* The index of the message of g holding a tool_call (calls 1) or a
+ * tool_result (calls 0) of that id, or -1. */
+static int
+tool_block_at(const Histd__V1__GetMessagesResponse *g, int calls,
+	      const char *call_id)
+{
+	for (size_t i = 0; i < g->n_messages; i++)
+		for (size_t j = 0; j < g->messages[i]->n_content; j++) {
+			const Histd__V1__ContentBlock *b =
+				g->messages[i]->content[j];
+
+			if (calls && b->block_case ==
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL &&
+			    !strcmp(b->tool_call->id, call_id))
+				return (int)i;
+			if (!calls && b->block_case ==
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT &&
+			    !strcmp(b->tool_result->tool_call_id, call_id))
+				return (int)i;
+		}
+	return -1;
+}
+
 /* The view's shape: system messages only first, the summary (if any)
  * right after them as a user message, no unpaired tool block. */
 static void
@@ -853,6 +902,198 @@ the_window_hint_loads_less_and_changes_nothing(void **state)
 	}
 }
 
+/*
+ * A Reduce whose bounds would cover an assistant tool call whose result
+ * has not come yet stops before that message: the result, appended
+ * later, shows in the CONTEXT view with its call.
+ */
+static void
+reduce_never_covers_a_call_waiting_for_its_result(void **state)
+{
+	static const char *const pl[] = {
+		"compaction", "keep_recent", "0", NULL };
+	Histd__V1__ReduceResponse *rr;
+	Histd__V1__GetMessagesResponse *g;
+	int call, result;
+
+	(void)state;
+	assert_int_equal(ut_create("p1", pl), 0);
+	append_msg("p1", HISTD__V1__ROLE__ROLE_USER, "Look up the weather.",
+		   NULL, NULL);
+	append_msg("p1", HISTD__V1__ROLE__ROLE_ASSISTANT, NULL, "w1", NULL);
+	/* One message at most: the bound asks to cover both. */
+	assert_int_equal(reduce_bounded("p1", 1, 0, &rr), 0);
+	assert_non_null(rr->summary);
+	assert_int_equal(rr->summary->covers_to_seq, 1);
+	ut_free_msg(rr);
+	/* No bound: everything but the tail, still not the waiting call. */
+	assert_int_equal(reduce("p1", &rr), 0);
+	assert_null(rr->summary);
+	ut_free_msg(rr);
+
+	append_msg("p1", HISTD__V1__ROLE__ROLE_TOOL, "18 C and sunny.", NULL,
+		   "w1");
+	append_msg("p1", HISTD__V1__ROLE__ROLE_ASSISTANT, "It is 18 C.", NULL,
+		   NULL);
+	g = get("p1", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_provider_valid(g);
+	assert_non_null(g->summary);
+	call = tool_block_at(g, 1, "w1");
+	result = tool_block_at(g, 0, "w1");
+	assert_int_equal(call, 1);
+	assert_int_equal(result, 2);
+	assert_int_equal(g->n_messages, 4);
+	ut_free_msg(g);
+
+	/* Answered, the pair may be covered, together. */
+	assert_int_equal(reduce("p1", &rr), 0);
+	assert_non_null(rr->summary);
+	assert_int_equal(rr->summary->covers_to_seq, 4);
+	ut_free_msg(rr);
+}
+
+/* The same for automatic compaction: a call still running while others
+ * talk on is not covered, and its result shows with it. */
+static void
+auto_compaction_never_covers_a_call_waiting_for_its_result(void **state)
+{
+	static const char *const pl[] = {
+		"compaction", "keep_recent", "1",
+		"compaction", "auto_reduce_when", "messages>=6", NULL };
+	Histd__V1__GetMessagesResponse *g;
+	Histd__V1__Session *se;
+
+	(void)state;
+	assert_int_equal(ut_create("p2", pl), 0);
+	append_msg("p2", HISTD__V1__ROLE__ROLE_USER, "Start the long build.",
+		   NULL, NULL);
+	append_msg("p2", HISTD__V1__ROLE__ROLE_ASSISTANT, NULL, "build1", NULL);
+	for (int i = 0; i < 5; i++)
+		append_msg("p2", HISTD__V1__ROLE__ROLE_USER,
+			   "A message from another participant.", NULL, NULL);
+	assert_int_equal(histd_context_wait_idle(ctx, 10000), 0);
+	se = session("p2");
+	assert_int_equal(se->stats->summary_count, 1);
+	ut_free_msg(se);
+
+	append_msg("p2", HISTD__V1__ROLE__ROLE_TOOL, "BUILD OK.", NULL,
+		   "build1");
+	assert_int_equal(histd_context_wait_idle(ctx, 10000), 0);
+	g = get("p2", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_provider_valid(g);
+	assert_non_null(g->summary);
+	assert_int_equal(g->summary->covers_to_seq, 1);
+	assert_true(tool_block_at(g, 1, "build1") > 0);
+	assert_int_equal(tool_block_at(g, 0, "build1"),
+			 (int)g->n_messages - 1);
+	ut_free_msg(g);
+}
+
+/* Retention deletes what its window dropped, but never a call whose
+ * result has not come: the driver would forget the call and refuse the
+ * result. */
+static void
+retention_never_deletes_a_call_waiting_for_its_result(void **state)
+{
+	static const char *const pl[] = {
+		"window", "max_messages", "2",
+		"window", "retention", "delete", NULL };
+	Histd__V1__GetMessagesResponse *raw;
+
+	(void)state;
+	assert_int_equal(ut_create("d1", pl), 0);
+	append_msg("d1", HISTD__V1__ROLE__ROLE_USER, "Start the long build.",
+		   NULL, NULL);
+	append_msg("d1", HISTD__V1__ROLE__ROLE_ASSISTANT, NULL, "build1", NULL);
+	for (int i = 0; i < 3; i++)
+		append_msg("d1", HISTD__V1__ROLE__ROLE_USER,
+			   "A message from another participant.", NULL, NULL);
+	assert_int_equal(histd_context_wait_idle(ctx, 10000), 0);
+	raw = get("d1", HISTD__V1__VIEW__VIEW_RAW, 100);
+	/* The first message went; the call and what follows stay. */
+	assert_int_equal(raw->n_messages, 4);
+	assert_int_equal(raw->messages[0]->seq, 2);
+	assert_int_equal(tool_block_at(raw, 1, "build1"), 0);
+	ut_free_msg(raw);
+
+	append_msg("d1", HISTD__V1__ROLE__ROLE_TOOL, "BUILD OK.", NULL,
+		   "build1");
+	assert_int_equal(histd_context_wait_idle(ctx, 10000), 0);
+	raw = get("d1", HISTD__V1__VIEW__VIEW_RAW, 100);
+	assert_int_equal(tool_block_at(raw, 0, "build1"),
+			 (int)raw->n_messages - 1);
+	ut_free_msg(raw);
+}
+
+/* A reducer of a loaded plugin that covers everything, whatever is
+ * open: the host refuses its cut. */
+static int
+cover_all_configure(const histd_plugin_opt *o, size_t n, void **state,
+		    char *err, size_t cap)
+{
+	(void)o;
+	(void)n;
+	(void)state;
+	(void)err;
+	(void)cap;
+	return 0;
+}
+
+static void
+cover_all_release(void *state)
+{
+	(void)state;
+}
+
+static int
+cover_all_reduce(void *state, histd_reduce *r)
+{
+	(void)state;
+	r->n_covered = r->n_messages;
+	r->text = strdup("Everything so far.");
+	r->model = strdup("cover-all");
+	return 0;
+}
+
+static const histd_plugin cover_all = {
+	.version = HISTD_PLUGIN_VERSION,
+	.name = "cover_all",
+	.configure = cover_all_configure,
+	.release = cover_all_release,
+	.reduce = cover_all_reduce,
+};
+
+static void
+a_reducer_that_covers_a_call_waiting_for_its_result_is_refused(void **state)
+{
+	static const char *const pl[] = { "cover_all", NULL, NULL, NULL };
+	Histd__V1__ReduceResponse *rr;
+	Histd__V1__Session *se;
+	int rc = histd_plugin_register(&cover_all);
+
+	(void)state;
+	assert_true(rc == 0 || rc == HISTD_EEXISTS);
+	assert_int_equal(ut_create("p3", pl), 0);
+	append_msg("p3", HISTD__V1__ROLE__ROLE_USER, "Look up the weather.",
+		   NULL, NULL);
+	append_msg("p3", HISTD__V1__ROLE__ROLE_ASSISTANT, NULL, "w1", NULL);
+	assert_int_equal(reduce("p3", &rr), HISTD_EINTERNAL);
+	assert_string_equal(histd_error_message(),
+		"the cover_all plugin's summary would split a tool call from "
+		"its result or an assistant turn");
+	se = session("p3");
+	assert_int_equal(se->stats->summary_count, 0);
+	ut_free_msg(se);
+	assert_int_equal(sink_calls, 1);
+
+	/* Answered, the same cut is safe. */
+	append_msg("p3", HISTD__V1__ROLE__ROLE_TOOL, "18 C.", NULL, "w1");
+	assert_int_equal(reduce("p3", &rr), 0);
+	assert_non_null(rr->summary);
+	assert_int_equal(rr->summary->covers_to_seq, 3);
+	ut_free_msg(rr);
+}
+
 int
 main(void)
 {
@@ -889,6 +1130,18 @@ main(void)
 		cmocka_unit_test_setup_teardown(
 			context_of_a_long_session_reads_only_its_tail, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			reduce_never_covers_a_call_waiting_for_its_result,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			auto_compaction_never_covers_a_call_waiting_for_its_result,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			retention_never_deletes_a_call_waiting_for_its_result,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_reducer_that_covers_a_call_waiting_for_its_result_is_refused,
+			setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -942,6 +942,64 @@ extractive_summary_is_deterministic_and_rolls(void **state)
 	tx_free(&t);
 }
 
+/* How many of m[0..n) a reduce of the pipeline's first plugin covers. */
+static size_t
+covered(const histd_pipeline *p, Histd__V1__Message **m, size_t n,
+	uint32_t max_entries)
+{
+	histd_reduce r = { 0 };
+	void *st;
+	const histd_plugin *pl = histd_pipeline_plugin(p, 0, &st);
+
+	r.messages = m;
+	r.n_messages = n;
+	r.max_entries = max_entries;
+	assert_int_equal(pl->reduce(st, &r), 0);
+	free(r.text);
+	free(r.model);
+	return r.n_covered;
+}
+
+/* A tool call whose result has not come is never covered: the cut stops
+ * before its message, whatever the bounds ask. */
+static void
+compaction_never_covers_a_call_waiting_for_its_result(void **state)
+{
+	struct tx t = { 0 };
+	Histd__V1__Message *m[MAXM];
+	histd_pipeline *p = parse("compaction:keep_recent=0");
+	size_t open;
+
+	(void)state;
+	tx_add(&t, USER, "t:Build and test.", NULL);            /* 0 */
+	tx_add(&t, ASST, "c:b1:build", NULL);                   /* 1 */
+	tx_add(&t, TOOL, "r:b1:build:ok", NULL);                /* 2 */
+	tx_add(&t, ASST, "t:Built. Now the tests.", NULL);      /* 3 */
+	tx_add(&t, USER, "t:Go on.", NULL);                     /* 4 */
+	tx_add(&t, ASST, "c:t1:test", "c:t2:lint", NULL);       /* 5 */
+	tx_add(&t, TOOL, "r:t1:test:passed", NULL);             /* 6 */
+	tx_add(&t, USER, "t:Meanwhile, a question.", NULL);     /* 7 */
+	tx_add(&t, ASST, "t:Ask.", NULL);                       /* 8 */
+	unpack_all(&t, m);
+	assert_int_equal(histd_first_open_call(m, t.n, &open), 0);
+	assert_int_equal(open, 5);     /* t2 has no result */
+	assert_int_equal(histd_first_open_call(m, 5, &open), 0);
+	assert_int_equal(open, 5);     /* none open */
+	assert_int_equal(histd_first_open_call(m, 2, &open), 0);
+	assert_int_equal(open, 1);     /* b1's result is not in m[0..2) */
+
+	/* The policy (everything but the tail) and a bound that asks for
+	 * everything stop at t2's message. */
+	assert_int_equal(covered(p, m, t.n, 0), 5);
+	assert_int_equal(covered(p, m, t.n, 1), 5);
+	/* The call alone, just made: only the user before it. */
+	assert_int_equal(covered(p, m, 2, 0), 1);
+	for (size_t i = 0; i < t.n; i++)
+		histd__v1__message__free_unpacked(m[i], NULL);
+	histd_pipeline_free(p);
+	tx_free(&t);
+}
+
 static void
 auto_reduce_when_fires_on_any_condition(void **state)
 {
@@ -1148,6 +1206,8 @@ main(void)
 		cmocka_unit_test(
 			compaction_covers_up_to_a_safe_start_and_keeps_the_tail),
 		cmocka_unit_test(extractive_summary_is_deterministic_and_rolls),
+		cmocka_unit_test(
+			compaction_never_covers_a_call_waiting_for_its_result),
 		cmocka_unit_test(auto_reduce_when_fires_on_any_condition),
 		cmocka_unit_test(pipeline_specs_parse_and_refuse_unknown_names),
 		cmocka_unit_test(the_load_hint_is_the_largest_window_by_messages),
