@@ -35,11 +35,15 @@ int histd_summarizer_open_named(const char *name, histd_summarizer **out);
  * extract, not an abstract: for each message, oldest first, one line
  * "<role>: <first sentence of its text, at most 200 characters>", tool
  * calls as "assistant called <name>", tool results as "<name> returned:
- * <first sentence>" (or "... returned an error"), reasoning left out.
- * A previous summary comes first, as is. When the lines exceed
- * max_output_tokens (default 1024), the oldest lines after the first
- * are dropped and replaced by one "(N earlier lines omitted)" line. The
- * same input always gives the same text; model is "extractive".
+ * <first sentence>" (or "... returned an error"), reasoning left out
+ * (messages that give no line at all: "(N messages without text)"). The
+ * lines of a previous summary come first. The text never exceeds
+ * max_output_tokens (default 1024): over it, the oldest lines (the
+ * previous summary's first) are dropped and replaced by one "(N earlier
+ * lines omitted)" line at the top, whose N adds up over rolls (a previous
+ * summary's own such line is counted, not kept), and a newest line that
+ * alone does not fit is cut on a UTF-8 boundary. The same input always
+ * gives the same text; model is "extractive".
  */
 int histd_extractive_new(histd_summarizer **out);
 

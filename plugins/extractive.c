@@ -177,6 +177,97 @@ message_lines(struct lines *l, const Histd__V1__Message *m)
 	return rc;
 }
 
+/* Adds the lines of a previous summary; a first line "(N earlier lines
+ * omitted)" (the mark of an earlier roll) is not kept but adds N to
+ * *omitted, so the count adds up over rolls. */
+static int
+previous_lines(struct lines *l, const char *prev, size_t *omitted)
+{
+	int first = 1, rc = 0;
+
+	while (*prev && !rc) {
+		size_t n = strcspn(prev, "\n");
+		char mark[64];
+		size_t k;
+
+		if (first && n < sizeof(mark) &&
+		    sscanf(prev, "(%zu earlier lines omitted)", &k) == 1 &&
+		    (size_t)snprintf(mark, sizeof(mark), "(%zu earlier lines "
+				     "omitted)", k) == n &&
+		    !memcmp(mark, prev, n))
+			*omitted += k;
+		else if (n)
+			rc = lines_add(l, strndup(prev, n));
+		first = 0;
+		prev += n;
+		if (*prev == '\n')
+			prev++;
+	}
+	return rc;
+}
+
+static uint64_t
+quarters(const char *s)
+{
+	return histd_tokens_text_quarters(s, strlen(s));
+}
+
+/*
+ * Picks what fits max tokens: the newest lines from l->v[*from] on, and
+ * the mark of the omitted ones first (*mark, "" for none; a budget too
+ * small for the mark and a line drops the mark). Counted exactly: the
+ * text is the lines joined by '\n', whose quarters add up (tokens.h).
+ * *cut > 0 when even the newest line does not fit: keep its first *cut
+ * bytes (a UTF-8 boundary).
+ */
+static void
+fit_lines(const struct lines *l, size_t omitted, uint64_t max, size_t *from,
+	  char *mark, size_t cap, size_t *cut)
+{
+	uint64_t budget = max * 4, used = 0, mq;
+	size_t k = l->n;
+
+	*cut = 0;
+	*from = 0;
+	mark[0] = '\0';
+	if (l->n == 0)
+		return;
+	/* Everything, when nothing was omitted before and it fits. */
+	for (size_t i = 0; i < l->n; i++)
+		used += quarters(l->v[i]) + (i > 0);
+	if (!omitted && used <= budget)
+		return;
+	/* The mark for the most that could be omitted: its width is an
+	 * upper bound on the final one's. */
+	snprintf(mark, cap, "(%zu earlier lines omitted)", omitted + l->n);
+	mq = quarters(mark) + 1;
+	if (mq + 4 > budget) {
+		mark[0] = '\0';    /* no room for the mark and a line */
+		mq = 0;
+	}
+	used = mq;
+	while (k > 0) {
+		uint64_t q = quarters(l->v[k - 1]) + (k < l->n);
+
+		if (used + q > budget)
+			break;
+		used += q;
+		k--;
+	}
+	if (k == l->n) {
+		/* Not even the newest line: its beginning. */
+		const char *s = l->v[l->n - 1];
+
+		k = l->n - 1;
+		/* At least one character: budget - mq >= 4. */
+		*cut = histd_tokens_text_fit(s, strlen(s),
+					     (budget - mq) / 4);
+	}
+	*from = k;
+	if (mq)
+		snprintf(mark, cap, "(%zu earlier lines omitted)", omitted + k);
+}
+
 static int
 ex_summarize(histd_summarizer *self, const histd_summary_request *req,
 	     histd_summary_result *out)
@@ -184,59 +275,48 @@ ex_summarize(histd_summarizer *self, const histd_summary_request *req,
 	uint32_t max = req->max_output_tokens ? req->max_output_tokens :
 		       DEFAULT_MAX_TOKENS;
 	struct lines l = { 0 };
-	size_t first = 0, total = 0, keep_from, len = 0;
-	uint64_t tokens = 0;
-	char *text, *p, omitted[64] = "";
+	size_t omitted = 0, from, cut, total = 0, len;
+	char *text, *p, mark[64];
 	int rc = 0;
 
 	(void)self;
-	if (req->previous && req->previous[0])
-		rc = lines_add(&l, strdup(req->previous));
-	first = l.n;
+	if (req->previous)
+		rc = previous_lines(&l, req->previous, &omitted);
 	for (size_t i = 0; i < req->n_messages && !rc; i++)
 		rc = message_lines(&l, req->messages[i]);
+	/* Messages without text (reasoning alone): say so, never nothing. */
+	if (!rc && !l.n && req->n_messages) {
+		char *s = malloc(64);
+
+		if (s)
+			snprintf(s, 64, "(%zu messages without text)",
+				 req->n_messages);
+		rc = lines_add(&l, s);
+	}
 	if (rc) {
 		lines_free(&l);
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	}
-	/* Keep the previous summary and the newest lines that fit. */
-	for (size_t i = 0; i < first; i++)
-		tokens += histd_tokens_text(l.v[i], strlen(l.v[i])) + 1;
-	keep_from = l.n;
-	while (keep_from > first) {
-		const char *s = l.v[keep_from - 1];
-		uint64_t t = histd_tokens_text(s, strlen(s)) + 1;
-
-		if (tokens + t > max && keep_from < l.n)
-			break;
-		tokens += t;
-		keep_from--;
-	}
-	if (keep_from > first)
-		snprintf(omitted, sizeof(omitted), "(%zu earlier lines omitted)",
-			 keep_from - first);
-	for (size_t i = 0; i < l.n; i++)
-		if (i < first || i >= keep_from)
-			total += strlen(l.v[i]) + 1;
-	total += strlen(omitted) + 2;
+	fit_lines(&l, omitted, max, &from, mark, sizeof(mark), &cut);
+	total = strlen(mark) + 1;
+	for (size_t i = from; i < l.n; i++)
+		total += strlen(l.v[i]) + 1;
 	if (!(text = malloc(total + 1))) {
 		lines_free(&l);
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	}
 	p = text;
-	for (size_t i = 0; i < l.n; i++) {
-		if (i == first && omitted[0]) {
-			len = strlen(omitted);
-			memcpy(p, omitted, len);
-			p += len;
-			*p++ = '\n';
-		}
-		if (i < first || i >= keep_from) {
-			len = strlen(l.v[i]);
-			memcpy(p, l.v[i], len);
-			p += len;
-			*p++ = '\n';
-		}
+	if (mark[0]) {
+		len = strlen(mark);
+		memcpy(p, mark, len);
+		p += len;
+		*p++ = '\n';
+	}
+	for (size_t i = from; i < l.n; i++) {
+		len = cut && i == l.n - 1 ? cut : strlen(l.v[i]);
+		memcpy(p, l.v[i], len);
+		p += len;
+		*p++ = '\n';
 	}
 	while (p > text && p[-1] == '\n')
 		p--;

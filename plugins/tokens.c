@@ -79,8 +79,8 @@ quarters_to_tokens(uint64_t q, size_t len)
 	return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
 }
 
-uint32_t
-histd_tokens_text(const char *s, size_t len)
+uint64_t
+histd_tokens_text_quarters(const char *s, size_t len)
 {
 	const unsigned char *p = (const unsigned char *)s;
 	uint64_t q = 0;
@@ -116,7 +116,41 @@ histd_tokens_text(const char *s, size_t len)
 		q += is_cjk(cp) ? Q_CJK : Q_OTHER;
 		i += n;
 	}
-	return quarters_to_tokens(q, len);
+	return q;
+}
+
+uint32_t
+histd_tokens_text(const char *s, size_t len)
+{
+	return quarters_to_tokens(histd_tokens_text_quarters(s, len), len);
+}
+
+size_t
+histd_tokens_text_fit(const char *s, size_t len, uint64_t max)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	uint64_t q = 0, cap = max > UINT64_MAX / 4 ? UINT64_MAX : max * 4;
+	size_t i = 0;
+
+	while (i < len) {
+		uint32_t cp, add;
+		size_t n = 1;
+
+		if (p[i] < 0x80) {
+			add = Q_ASCII;
+		} else if ((n = utf8_decode(p + i, len - i, &cp)) == 0) {
+			add = Q_INVALID;
+			n = 1;
+		} else {
+			add = is_cjk(cp) ? Q_CJK : Q_OTHER;
+		}
+		/* ceil(q / 4) <= max  <=>  q <= 4 * max */
+		if (q + add > cap)
+			break;
+		q += add;
+		i += n;
+	}
+	return i;
 }
 
 static uint64_t

@@ -104,6 +104,19 @@ int histd_tokens_provider_parse(const char *name, histd_tokens_provider *out);
  * bytes, including NUL. s may be NULL when len is 0. */
 uint32_t histd_tokens_text(const char *s, size_t len);
 
+/* The same count before rounding, in quarter tokens (0 for empty text).
+ * Quarters add up: texts joined at ASCII bytes count as the sum of their
+ * parts and those bytes, and histd_tokens_text is ceil(quarters / 4), at
+ * least 1 for non-empty text. */
+uint64_t histd_tokens_text_quarters(const char *s, size_t len);
+
+/* The length of the longest prefix of s[0..len) whose estimate is at most
+ * max and that ends between characters (a well-formed UTF-8 sequence is
+ * never split; a byte that is not part of one is a character of its own):
+ * what a text cut to max tokens keeps. len when the whole text fits; 0
+ * when max is 0. */
+size_t histd_tokens_text_fit(const char *s, size_t len, uint64_t max);
+
 /* The estimate for a whole message, by the rules above. Only the content
  * is read: seq and token_estimate are ignored. m must not be NULL. */
 uint32_t histd_tokens_message(const Histd__V1__Message *m);

@@ -927,19 +927,150 @@ extractive_summary_is_deterministic_and_rolls(void **state)
 	free(b.text);
 	free(b.model);
 	/* A budget: the newest lines stay, the count of dropped ones is
-	 * said. */
+	 * said, and the text fits it: "(11 earlier lines omitted)\n
+	 * write_file returned: ok" is 50 quarter tokens, 13 tokens. */
 	req.previous = NULL;
 	req.n_messages = t.n;
-	req.max_output_tokens = 12;
+	req.max_output_tokens = 13;
 	assert_int_equal(s->summarize(s, &req, &a), 0);
-	assert_non_null(strstr(a.text, "earlier lines omitted"));
-	assert_non_null(strstr(a.text, "write_file returned: ok"));
+	assert_string_equal(a.text, "(11 earlier lines omitted)\n"
+			    "write_file returned: ok");
+	assert_true(histd_tokens_text(a.text, strlen(a.text)) <= 13);
 	free(a.text);
 	free(a.model);
 	s->free(s);
 	for (size_t i = 0; i < t.n; i++)
 		histd__v1__message__free_unpacked(m[i], NULL);
 	tx_free(&t);
+}
+
+/* Rolling: each compaction folds the previous summary in; the text stays
+ * within max_output_tokens every time, the newest lines stay, and the
+ * count of omitted lines adds up over the rolls. */
+static void
+extractive_rolling_summaries_stay_within_max_output_tokens(void **state)
+{
+	histd_summarizer *s;
+	histd_summary_request req = { 0 };
+	histd_summary_result r = { 0 };
+	char *prev = NULL;
+	size_t omitted = 0, total = 0;
+
+	(void)state;
+	assert_int_equal(histd_extractive_new(&s), 0);
+	for (int round = 0; round < 8; round++) {
+		struct tx t = { 0 };
+		Histd__V1__Message *m[MAXM];
+		char text[10][64], newest[80];
+		size_t k = 0, n;
+
+		for (int i = 0; i < 10; i++) {
+			snprintf(text[i], sizeof(text[i]),
+				 "t:Round %d message %d is here.", round, i);
+			tx_add(&t, i % 2 ? ASST : USER, text[i], NULL);
+		}
+		unpack_all(&t, m);
+		req.previous = prev;
+		req.messages = m;
+		req.n_messages = t.n;
+		req.max_output_tokens = 20;
+		assert_int_equal(s->summarize(s, &req, &r), 0);
+		n = strlen(r.text);
+		assert_true(histd_tokens_text(r.text, n) <= 20);
+		snprintf(newest, sizeof(newest),
+			 "assistant: Round %d message 9 is here.", round);
+		assert_non_null(strstr(r.text, newest));
+		total += 10;
+		/* Every line is the mark or a message's: what is not shown
+		 * is counted. */
+		assert_int_equal(sscanf(r.text, "(%zu earlier lines omitted)",
+					&k), 1);
+		n = 0;
+		for (const char *p = r.text; (p = strchr(p, '\n')); p++)
+			n++;
+		assert_int_equal(k + n, total);
+		assert_true(k >= omitted);
+		omitted = k;
+		free(prev);
+		prev = r.text;
+		free(r.model);
+		for (size_t i = 0; i < t.n; i++)
+			histd__v1__message__free_unpacked(m[i], NULL);
+		tx_free(&t);
+	}
+	free(prev);
+	s->free(s);
+}
+
+/* A line that alone does not fit is cut on a UTF-8 boundary; a previous
+ * summary (one long line from a provider) is dropped before new lines. */
+static void
+extractive_cuts_a_line_too_long_on_a_utf8_boundary(void **state)
+{
+	struct tx t = { 0 };
+	Histd__V1__Message *m[MAXM];
+	histd_summarizer *s;
+	histd_summary_request req = { 0 };
+	histd_summary_result r = { 0 };
+	char cjk[2 + 3 * 80 + 1] = "t:", prev[4001];
+	size_t n;
+
+	(void)state;
+	for (int i = 0; i < 80; i++)
+		memcpy(cjk + 2 + 3 * i, "\xe4\xb8\xad", 3);   /* U+4E2D */
+	cjk[sizeof(cjk) - 1] = '\0';
+	tx_add(&t, USER, cjk, NULL);
+	unpack_all(&t, m);
+	memset(prev, 'p', sizeof(prev) - 1);
+	prev[sizeof(prev) - 1] = '\0';
+	assert_int_equal(histd_extractive_new(&s), 0);
+	req.previous = prev;
+	req.messages = m;
+	req.n_messages = 1;
+	req.max_output_tokens = 30;
+	assert_int_equal(s->summarize(s, &req, &r), 0);
+	n = strlen(r.text);
+	assert_true(histd_tokens_text(r.text, n) <= 30);
+	/* The mark (26 characters and a newline: 7 tokens), then "user: "
+	 * (6 characters) and as many whole ideographs as fit. */
+	assert_memory_equal(r.text, "(1 earlier lines omitted)\nuser: ", 32);
+	assert_int_equal((n - 32) % 3, 0);
+	assert_true(n - 32 >= 3 * 20);
+	assert_memory_equal(r.text + 32, cjk + 2, n - 32);
+	free(r.text);
+	free(r.model);
+
+	/* Messages that give no line (reasoning alone): never empty. */
+	tx_free(&t);
+	histd__v1__message__free_unpacked(m[0], NULL);
+	tx_add(&t, ASST, "z:thinking only", NULL);
+	unpack_all(&t, m);
+	req.previous = NULL;
+	assert_int_equal(s->summarize(s, &req, &r), 0);
+	assert_string_equal(r.text, "(1 messages without text)");
+	free(r.text);
+	free(r.model);
+	histd__v1__message__free_unpacked(m[0], NULL);
+	tx_free(&t);
+	s->free(s);
+}
+
+/* The cut to a token budget never splits a character and fits it. */
+static void
+text_fit_cuts_between_characters(void **state)
+{
+	/* a (1/4), e-acute (1/2), U+4E2D (1), an invalid byte (1). */
+	static const char x[] = "a\xc3\xa9\xe4\xb8\xad\xff" "abcd";
+
+	(void)state;
+	assert_int_equal(histd_tokens_text_fit(x, strlen(x), 0), 0);
+	assert_int_equal(histd_tokens_text_fit(x, strlen(x), 1), 3);
+	assert_int_equal(histd_tokens_text_fit(x, strlen(x), 2), 6);
+	assert_int_equal(histd_tokens_text_fit(x, strlen(x), 3), 8);
+	assert_int_equal(histd_tokens_text_fit(x, strlen(x), 4), 11);
+	assert_int_equal(histd_tokens_text_fit(x, strlen(x), 100), 11);
+	assert_int_equal(histd_tokens_text_quarters(x, strlen(x)),
+			 1 + 2 + 4 + 4 + 4);
 }
 
 /* How many of m[0..n) a reduce of the pipeline's first plugin covers. */
@@ -1206,6 +1337,11 @@ main(void)
 		cmocka_unit_test(
 			compaction_covers_up_to_a_safe_start_and_keeps_the_tail),
 		cmocka_unit_test(extractive_summary_is_deterministic_and_rolls),
+		cmocka_unit_test(
+			extractive_rolling_summaries_stay_within_max_output_tokens),
+		cmocka_unit_test(
+			extractive_cuts_a_line_too_long_on_a_utf8_boundary),
+		cmocka_unit_test(text_fit_cuts_between_characters),
 		cmocka_unit_test(
 			compaction_never_covers_a_call_waiting_for_its_result),
 		cmocka_unit_test(auto_reduce_when_fires_on_any_condition),
