@@ -27,7 +27,8 @@
  *   max_summary_tokens  1..100,000 (default 1024)
  *   auto_reduce_when    conditions joined by '|' or spaces, any of
  *                       tokens>=N  messages>=N  age>=SECONDS
- *                       (after the newest summary); absent: never
+ *                       (after the newest summary; a '|' needs a
+ *                       condition on each side); absent: never
  *   timeout_ms          a summarizer call's limit, 0..600,000 (0: its own)
  *   prompt              instructions for an LLM summarizer
  */
@@ -123,7 +124,7 @@ static int
 parse_when(struct compaction *c, const char *v, char *err, size_t cap)
 {
 	const char *p = v;
-	int any = 0;
+	int any = 0, after_cond = 0;
 
 	while (*p) {
 		size_t n = strcspn(p, "| ");
@@ -132,10 +133,19 @@ parse_when(struct compaction *c, const char *v, char *err, size_t cap)
 		uint64_t *dst = NULL, x;
 		char *end;
 
-		if (n == 0) {
+		if (*p == ' ') {
 			p++;
 			continue;
 		}
+		if (*p == '|') {
+			/* A '|' joins two conditions: none may be empty. */
+			if (!after_cond)
+				goto empty;
+			after_cond = 0;
+			p++;
+			continue;
+		}
+		after_cond = 1;
 		if (n >= sizeof(cond))
 			goto bad;
 		memcpy(cond, p, n);
@@ -161,12 +171,18 @@ parse_when(struct compaction *c, const char *v, char *err, size_t cap)
 		*dst = x;
 		any = 1;
 	}
+	if (any && !after_cond)
+		goto empty;     /* a '|' at the end */
 	if (any)
 		return 0;
 bad:
 	snprintf(err, cap, "options.auto_reduce_when must be conditions "
 		 "tokens>=N, messages>=N or age>=SECONDS (N > 0) joined by "
 		 "'|'");
+	return HISTD_EINVALID;
+empty:
+	snprintf(err, cap, "options.auto_reduce_when has an empty condition: "
+		 "'|' must join two conditions");
 	return HISTD_EINVALID;
 }
 
@@ -198,9 +214,10 @@ c_configure(const histd_plugin_opt *o, size_t n, void **state, char *err,
 		} else if (!strcmp(o[i].key, "max_summary_tokens")) {
 			rc = histd_opt_uint(&o[i], 100000,
 					    &c->max_summary_tokens, err, cap);
-			if (!rc && c->max_summary_tokens == 0) {
+			if (rc || c->max_summary_tokens == 0) {
 				snprintf(err, cap, "options.max_summary_tokens "
-					 "must be at least 1");
+					 "must be a whole number from 1 to "
+					 "100000");
 				rc = HISTD_EINVALID;
 			}
 		} else if (!strcmp(o[i].key, "timeout_ms")) {

@@ -15,10 +15,13 @@
  *   max_tokens                        1..2^32-1;   0 or absent: no limit
  *   provider                          measure max_tokens by that
  *                                     provider's image and document rules
- *                                     (tokens.h: anthropic, openai,
- *                                     gemini, mistral); absent: the stored
- *                                     estimates. Costs an unpack of each
- *                                     message the budget walks.
+ *                                     (tokens.h: anthropic; openai and
+ *                                     its formats openai_chat and
+ *                                     openai_responses, one rule; gemini
+ *                                     or google; mistral); absent or
+ *                                     default: the stored estimates.
+ *                                     Costs an unpack of each message the
+ *                                     budget walks.
  *   retention                         view (default): the bounds are a
  *                                     view, nothing is deleted; delete:
  *                                     after appends the server deletes
@@ -62,8 +65,9 @@ w_configure(const histd_plugin_opt *o, size_t n, void **state, char *err,
 			if (histd_tokens_provider_parse(o[i].value,
 							&w.provider)) {
 				snprintf(err, cap, "options.provider must be "
-					 "anthropic, openai, gemini, mistral "
-					 "or default");
+					 "anthropic, openai, openai_chat, "
+					 "openai_responses, gemini, google, "
+					 "mistral or default");
 				rc = HISTD_EINVALID;
 			}
 		} else if (!strcmp(o[i].key, "retention")) {

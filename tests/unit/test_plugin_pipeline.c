@@ -854,6 +854,71 @@ unknown_plugins_and_bad_options_are_invalid_argument(void **state)
 				  "extractive"), 0);
 }
 
+static void
+auto_reduce_when_refuses_a_dangling_bar(void **state)
+{
+	static const char *const dangling[] = {
+		"tokens>=1000|", "|tokens>=1000", "tokens>=1000||messages>=5",
+		"tokens>=1000 | ", "|", " | " };
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(dangling) / sizeof(dangling[0]); i++) {
+		assert_int_equal(validate("compaction", "auto_reduce_when",
+					  dangling[i], NULL, NULL),
+				 HISTD_EINVALID);
+		assert_string_equal(histd_error_message(),
+			"config.pipeline.plugins[0].options.auto_reduce_when "
+			"has an empty condition: '|' must join two "
+			"conditions");
+	}
+	assert_int_equal(validate("compaction", "auto_reduce_when",
+				  "tokens>=1000 | messages>=5", NULL, NULL), 0);
+	assert_int_equal(validate("compaction", "auto_reduce_when",
+				  "tokens>=1000 age>=60", NULL, NULL), 0);
+}
+
+/* The message states the range there is: 1 to 100000. */
+static void
+max_summary_tokens_is_refused_stating_its_range(void **state)
+{
+	(void)state;
+	assert_int_equal(validate("compaction", "max_summary_tokens", "0",
+				  NULL, NULL), HISTD_EINVALID);
+	assert_string_equal(histd_error_message(),
+		"config.pipeline.plugins[0].options.max_summary_tokens must "
+		"be a whole number from 1 to 100000");
+	assert_int_equal(validate("compaction", "max_summary_tokens",
+				  "100001", NULL, NULL), HISTD_EINVALID);
+	assert_string_equal(histd_error_message(),
+		"config.pipeline.plugins[0].options.max_summary_tokens must "
+		"be a whole number from 1 to 100000");
+	assert_int_equal(validate("compaction", "max_summary_tokens", "1",
+				  NULL, NULL), 0);
+	assert_int_equal(validate("compaction", "max_summary_tokens",
+				  "100000", NULL, NULL), 0);
+}
+
+/* window's provider takes the names the token estimator knows (README):
+ * OpenAI's two formats share OpenAI's rules. */
+static void
+window_provider_takes_the_estimator_names(void **state)
+{
+	static const char *const ok[] = {
+		"anthropic", "openai", "openai_chat", "openai_responses",
+		"gemini", "google", "mistral", "default" };
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+		assert_int_equal(validate("window", "max_tokens", "1000",
+					  "provider", ok[i]), 0);
+	assert_int_equal(validate("window", "max_tokens", "1000", "provider",
+				  "claude"), HISTD_EINVALID);
+	assert_string_equal(histd_error_message(),
+		"config.pipeline.plugins[0].options.provider must be "
+		"anthropic, openai, openai_chat, openai_responses, gemini, "
+		"google, mistral or default");
+}
+
 /* ---------------------------------------------------------------------- */
 /* compaction and the extractive summarizer                                */
 
@@ -1344,6 +1409,10 @@ main(void)
 		cmocka_unit_test(text_fit_cuts_between_characters),
 		cmocka_unit_test(
 			compaction_never_covers_a_call_waiting_for_its_result),
+		cmocka_unit_test(auto_reduce_when_refuses_a_dangling_bar),
+		cmocka_unit_test(
+			max_summary_tokens_is_refused_stating_its_range),
+		cmocka_unit_test(window_provider_takes_the_estimator_names),
 		cmocka_unit_test(auto_reduce_when_fires_on_any_condition),
 		cmocka_unit_test(pipeline_specs_parse_and_refuse_unknown_names),
 		cmocka_unit_test(the_load_hint_is_the_largest_window_by_messages),
