@@ -163,8 +163,9 @@ typedef struct histd_session_totals {
  * to summarize (n_covered, a safe boundary: the kept messages hold the
  * calls of all their results, and no covered message holds a call whose
  * result is not stored yet: histd_first_open_call) and asks its
- * summarizer. The host refuses a cut that is not safe (EINTERNAL) and
- * stores nothing then.
+ * summarizer. The host refuses a cut that is not safe (EINTERNAL) and an
+ * empty text (or only white space: EUNAVAILABLE), and stores nothing
+ * then.
  */
 typedef struct histd_reduce {
 	/* In: every message after the previous summary, oldest first, system

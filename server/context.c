@@ -1098,6 +1098,29 @@ check_cut(Histd__V1__Message *const *m, size_t n, size_t cut,
 	return rc;
 }
 
+static int
+blank(const char *s)
+{
+	for (; *s; s++)
+		if (*s != ' ' && *s != '\n' && *s != '\t' && *s != '\r')
+			return 0;
+	return 1;
+}
+
+/*
+ * The summary text a reducer made, as it is stored: an empty one (or only
+ * white space) is refused, EUNAVAILABLE like a provider answer without
+ * text (a later attempt may do better).
+ */
+static int
+check_summary(const histd_reduce *red)
+{
+	if (!red->text || blank(red->text))
+		return histd_error_set(HISTD_EUNAVAILABLE, "the summarizer "
+				       "returned an empty summary");
+	return 0;
+}
+
 /*
  * Compacts one session now. *summary_out (may be NULL) gets the stored
  * Summary (caller frees with histd__v1__summary__free_unpacked), NULL when
@@ -1223,7 +1246,8 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 		goto out;
 	if (red.n_covered == 0 || red.n_covered > n_msgs)
 		goto out;
-	if ((rc = check_cut(msgs, n_msgs, red.n_covered, pl->name)))
+	if ((rc = check_cut(msgs, n_msgs, red.n_covered, pl->name)) ||
+	    (rc = check_summary(&red)))
 		goto out;
 
 	out.covers_from_seq = prev && prev->covers_from_seq ?

@@ -29,9 +29,9 @@
  * Compaction. At most one per session at a time in this process (Reduce
  * waits for a running automatic one). It reads the messages after the
  * previous summary, asks the pipeline's reducer (compaction with its
- * defaults when the pipeline has none), checks the cut it returns (one
- * that is not safe, plugin.h histd_reduce, is EINTERNAL and nothing is
- * stored), and stores the Summary with
+ * defaults when the pipeline has none), checks what it returns (a cut that
+ * is not safe, plugin.h histd_reduce, is EINTERNAL; an empty text
+ * EUNAVAILABLE; nothing stored either way), and stores the Summary with
  * summary_put at the session's current revision, re-checked so that a
  * concurrent append (seqs after the covered range) only retries the put
  * and a concurrent clear or replace drops the summary. Storage of messages

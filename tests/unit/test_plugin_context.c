@@ -33,11 +33,14 @@ static const histd_caller alice = { "alice", 0 };
 /* ---------------------------------------------------------------------- */
 /* Summarizers on demand: "slow" sleeps slow_ms, "failing" fails          */
 /* fail_left more times (then works); both then summarize extractively.   */
+/* "fixed" answers fixed_text whatever it is asked (an empty answer), as  */
+/* a provider may.                                                        */
 
 static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 static int slow_ms;
 static int fail_left;
 static int calls, running, max_running;
+static const char *fixed_text;
 
 static int
 fake_summarize(histd_summarizer *s, const histd_summary_request *req,
@@ -63,6 +66,11 @@ fake_summarize(histd_summarizer *s, const histd_summary_request *req,
 	if (fail) {
 		rc = histd_error_set(HISTD_EUNAVAILABLE,
 				     "provider answered HTTP 503");
+	} else if (!strcmp(s->name, "fixed")) {
+		memset(out, 0, sizeof(*out));
+		out->text = strdup(fixed_text);
+		out->model = strdup("fixed-model");
+		rc = 0;
 	} else {
 		histd_extractive_new(&ex);
 		rc = ex->summarize(ex, req, out);
@@ -84,7 +92,8 @@ static int
 fake_exists(void *arg, const char *name)
 {
 	(void)arg;
-	return !strcmp(name, "slow") || !strcmp(name, "failing");
+	return !strcmp(name, "slow") || !strcmp(name, "failing") ||
+	       !strcmp(name, "fixed");
 }
 
 static int
@@ -94,7 +103,8 @@ fake_open(void *arg, const char *name, histd_summarizer **out)
 
 	(void)arg;
 	s->version = HISTD_SUMMARIZER_VERSION;
-	s->name = !strcmp(name, "slow") ? "slow" : "failing";
+	s->name = !strcmp(name, "slow") ? "slow" :
+		  !strcmp(name, "fixed") ? "fixed" : "failing";
 	s->summarize = fake_summarize;
 	s->free = fake_free;
 	*out = s;
@@ -1094,6 +1104,45 @@ a_reducer_that_covers_a_call_waiting_for_its_result_is_refused(void **state)
 	ut_free_msg(rr);
 }
 
+/* A summarizer that answers nothing (an Anthropic answer of thinking
+ * blocks alone, white space): compaction fails, nothing is stored. */
+static void
+an_empty_summary_is_refused_and_nothing_is_stored(void **state)
+{
+	static const char *const pl[] = {
+		"compaction", "summarizer", "fixed",
+		"compaction", "keep_recent", "1", NULL };
+	static const char *const empties[] = { "", " \n\t " };
+	Histd__V1__ReduceResponse *rr;
+	Histd__V1__Session *before, *after;
+
+	(void)state;
+	assert_int_equal(ut_create("e1", pl), 0);
+	for (int i = 0; i < 2; i++)
+		turn("e1", i);
+	before = session("e1");
+	for (int k = 0; k < 2; k++) {
+		fixed_text = empties[k];
+		assert_int_equal(reduce("e1", &rr), HISTD_EUNAVAILABLE);
+		assert_string_equal(histd_error_message(),
+			"the summarizer returned an empty summary");
+		after = session("e1");
+		assert_int_equal(after->revision, before->revision);
+		assert_int_equal(after->stats->summary_count, 0);
+		ut_free_msg(after);
+		assert_int_equal(sink_calls, k + 1);
+		assert_non_null(strstr(sink_msg, "compaction: compaction "
+				       "failed (UNAVAILABLE): the summarizer "
+				       "returned an empty summary"));
+	}
+	ut_free_msg(before);
+	fixed_text = "The user asked two questions.";
+	assert_int_equal(reduce("e1", &rr), 0);
+	assert_non_null(rr->summary);
+	assert_string_equal(rr->summary->text, fixed_text);
+	ut_free_msg(rr);
+}
+
 int
 main(void)
 {
@@ -1141,6 +1190,9 @@ main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_reducer_that_covers_a_call_waiting_for_its_result_is_refused,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			an_empty_summary_is_refused_and_nothing_is_stored,
 			setup, teardown),
 	};
 
