@@ -24,7 +24,8 @@
  * Options:
  *   summarizer          "extractive" (default) or a provider summarizer
  *   keep_recent         messages kept verbatim, 0..1,000,000 (default 10)
- *   max_summary_tokens  1..100,000 (default 1024)
+ *   max_summary_tokens  1..100,000 (default 1024); passed on in
+ *                       histd_reduce, so the host cuts a longer text
  *   auto_reduce_when    conditions joined by '|' or spaces, any of
  *                       tokens>=N  messages>=N  age>=SECONDS
  *                       (after the newest summary; a '|' needs a
@@ -370,6 +371,7 @@ c_reduce(void *state, histd_reduce *r)
 	r->model = res.model;
 	r->input_tokens = res.input_tokens;
 	r->output_tokens = res.output_tokens;
+	r->max_summary_tokens = (uint32_t)c->max_summary_tokens;
 	return 0;
 }
 

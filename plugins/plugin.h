@@ -190,6 +190,11 @@ typedef struct histd_reduce {
 	char *model;                /* malloc'ed; the caller frees */
 	uint32_t input_tokens;
 	uint32_t output_tokens;
+	/* Out, optional (the host zeroes it; the built-in compaction sets
+	 * its max_summary_tokens): the most tokens (tokens.h) the summary
+	 * text may hold, 0 for no bound. The host cuts a longer text to fit,
+	 * on a UTF-8 boundary, and logs it. */
+	uint32_t max_summary_tokens;
 } histd_reduce;
 
 typedef struct histd_plugin histd_plugin;

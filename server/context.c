@@ -1110,11 +1110,28 @@ blank(const char *s)
 /*
  * The summary text a reducer made, as it is stored: an empty one (or only
  * white space) is refused, EUNAVAILABLE like a provider answer without
- * text (a later attempt may do better).
+ * text (a later attempt may do better); one above the reducer's
+ * max_summary_tokens is cut to fit on a UTF-8 boundary, with one log line.
  */
 static int
-check_summary(const histd_reduce *red)
+check_summary(histd_reduce *red, const char *id, const char *plugin)
 {
+	size_t len = red->text ? strlen(red->text) : 0;
+	uint32_t tokens = histd_tokens_text(red->text, len);
+	char before[16], after[16], max[16];
+
+	if (red->max_summary_tokens && tokens > red->max_summary_tokens) {
+		len = histd_tokens_text_fit(red->text, len,
+					    red->max_summary_tokens);
+		red->text[len] = '\0';
+		snprintf(before, sizeof(before), "%" PRIu32, tokens);
+		snprintf(after, sizeof(after), "%" PRIu32,
+			 histd_tokens_text(red->text, len));
+		snprintf(max, sizeof(max), "%" PRIu32, red->max_summary_tokens);
+		histd_log(HISTD_LOG_WARN, "summary cut to max_summary_tokens",
+			  "session", id, "plugin", plugin, "tokens", before,
+			  "kept_tokens", after, "max_summary_tokens", max, NULL);
+	}
 	if (!red->text || blank(red->text))
 		return histd_error_set(HISTD_EUNAVAILABLE, "the summarizer "
 				       "returned an empty summary");
@@ -1247,7 +1264,7 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 	if (red.n_covered == 0 || red.n_covered > n_msgs)
 		goto out;
 	if ((rc = check_cut(msgs, n_msgs, red.n_covered, pl->name)) ||
-	    (rc = check_summary(&red)))
+	    (rc = check_summary(&red, id, pl->name)))
 		goto out;
 
 	out.covers_from_seq = prev && prev->covers_from_seq ?

@@ -31,11 +31,13 @@
  * previous summary, asks the pipeline's reducer (compaction with its
  * defaults when the pipeline has none), checks what it returns (a cut that
  * is not safe, plugin.h histd_reduce, is EINTERNAL; an empty text
- * EUNAVAILABLE; nothing stored either way), and stores the Summary with
- * summary_put at the session's current revision, re-checked so that a
- * concurrent append (seqs after the covered range) only retries the put
- * and a concurrent clear or replace drops the summary. Storage of messages
- * never changes; the driver's SUMMARY change becomes a `reduced` event.
+ * EUNAVAILABLE; nothing stored either way; a text above the reducer's
+ * max_summary_tokens is cut to fit, with one log line), and stores the
+ * Summary with summary_put at the session's current revision, re-checked
+ * so that a concurrent append (seqs after the covered range) only retries
+ * the put and a concurrent clear or replace drops the summary. Storage of
+ * messages never changes; the driver's SUMMARY change becomes a `reduced`
+ * event.
  *
  * Automatic compaction. histd_context_after_append only marks the
  * session and wakes a worker (no I/O on the Append path). A worker reads

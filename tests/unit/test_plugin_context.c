@@ -23,6 +23,7 @@
 #include "plugin.h"
 #include "service.h"
 #include "svc_calls.h"
+#include "tokens.h"
 #include "transcript_check.h"
 
 static histd_driver *drv;
@@ -33,8 +34,8 @@ static const histd_caller alice = { "alice", 0 };
 /* ---------------------------------------------------------------------- */
 /* Summarizers on demand: "slow" sleeps slow_ms, "failing" fails          */
 /* fail_left more times (then works); both then summarize extractively.   */
-/* "fixed" answers fixed_text whatever it is asked (an empty answer), as  */
-/* a provider may.                                                        */
+/* "fixed" answers fixed_text whatever it is asked (an empty answer, one  */
+/* far above max_output_tokens), as a provider may.                       */
 
 static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 static int slow_ms;
@@ -332,6 +333,27 @@ tool_block_at(const Histd__V1__GetMessagesResponse *g, int calls,
 				return (int)i;
 		}
 	return -1;
+}
+
+/* 1 if s[0..n) is well-formed UTF-8. */
+static int
+utf8_ok(const char *s, size_t n)
+{
+	const unsigned char *p = (const unsigned char *)s;
+
+	for (size_t i = 0; i < n;) {
+		size_t k = p[i] < 0x80 ? 1 : (p[i] & 0xe0) == 0xc0 ? 2 :
+			   (p[i] & 0xf0) == 0xe0 ? 3 :
+			   (p[i] & 0xf8) == 0xf0 ? 4 : 0;
+
+		if (!k || i + k > n)
+			return 0;
+		for (size_t j = 1; j < k; j++)
+			if ((p[i + j] & 0xc0) != 0x80)
+				return 0;
+		i += k;
+	}
+	return 1;
 }
 
 /* The view's shape: system messages only first, the summary (if any)
@@ -1143,6 +1165,50 @@ an_empty_summary_is_refused_and_nothing_is_stored(void **state)
 	ut_free_msg(rr);
 }
 
+/* A summary far above max_summary_tokens is cut to fit, on a UTF-8
+ * boundary, before it is stored. */
+static void
+a_summary_above_max_summary_tokens_is_cut_to_fit(void **state)
+{
+	static const char *const pl[] = {
+		"compaction", "summarizer", "fixed",
+		"compaction", "keep_recent", "1",
+		"compaction", "max_summary_tokens", "50", NULL };
+	Histd__V1__ReduceResponse *rr;
+	Histd__V1__GetMessagesResponse *g;
+	/* "x" then 3-byte characters of 1/2 token each: 50 tokens end in
+	 * the middle of none of them. */
+	size_t n = 1 + 3 * 20000, len;
+	char *huge = malloc(n + 1);
+
+	(void)state;
+	huge[0] = 'x';
+	for (size_t i = 1; i < n; i += 3)
+		memcpy(huge + i, "\xe2\x82\xac", 3);    /* U+20AC */
+	huge[n] = '\0';
+	fixed_text = huge;
+	assert_int_equal(ut_create("h1", pl), 0);
+	for (int i = 0; i < 2; i++)
+		turn("h1", i);
+	assert_int_equal(reduce("h1", &rr), 0);
+	fixed_text = NULL;
+	assert_non_null(rr->summary);
+	len = strlen(rr->summary->text);
+	/* x (1/4) + 99 characters (49 1/2): 50 tokens, 298 bytes. */
+	assert_int_equal(len, 1 + 3 * 99);
+	assert_true(utf8_ok(rr->summary->text, len));
+	assert_memory_equal(rr->summary->text, huge, len);
+	assert_true(histd_tokens_text(rr->summary->text, len) <= 50);
+	ut_free_msg(rr);
+	free(huge);
+
+	g = get("h1", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_non_null(g->summary);
+	assert_true(strlen(tc_text_of(g->messages[0])) <
+		    strlen(HISTD_SUMMARY_PREFIX) + 300 + 8);
+	ut_free_msg(g);
+}
+
 int
 main(void)
 {
@@ -1193,6 +1259,9 @@ main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			an_empty_summary_is_refused_and_nothing_is_stored,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_summary_above_max_summary_tokens_is_cut_to_fit,
 			setup, teardown),
 	};
 
