@@ -69,14 +69,16 @@ histd_http_new(histd_http **out, const histd_http_config *cfg)
 	}
 	h->cfg = *cfg;
 	pthread_mutex_init(&h->mu, NULL);
-	pthread_cond_init(&h->cv, NULL);
 	{
-		/* Not cv: a slot's one wake-up must reach a caller in
-		 * acquire, never a backoff wait. */
+		/* Both on the monotonic clock: slot and backoff waits end
+		 * at the call's deadline. Two variables: a slot's one
+		 * wake-up must reach a caller in acquire, never a backoff
+		 * wait. */
 		pthread_condattr_t ca;
 
 		pthread_condattr_init(&ca);
 		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&h->cv, &ca);
 		pthread_cond_init(&h->stop_cv, &ca);
 		pthread_condattr_destroy(&ca);
 	}
@@ -128,17 +130,52 @@ histd_http_get_stats(histd_http *h, histd_http_stats *out)
 /* ---------------------------------------------------------------------- */
 /* The pool                                                               */
 
-/* Waits for a free slot; returns a handle (pooled or new), or NULL. */
-static CURL *
-acquire(histd_http *h)
+static int64_t
+now_ms(void)
 {
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A CLOCK_MONOTONIC time ms milliseconds after its epoch, for the timed
+ * waits. */
+static struct timespec
+at_ms(int64_t ms)
+{
+	struct timespec ts;
+
+	ts.tv_sec = (time_t)(ms / 1000);
+	ts.tv_nsec = (long)(ms % 1000) * 1000000;
+	return ts;
+}
+
+/*
+ * Waits for a free slot until deadline (now_ms time; INT64_MAX: none).
+ * Returns a handle (pooled or new), or NULL: stopped, deadline passed
+ * (*late set) or no handle could be made.
+ */
+static CURL *
+acquire(histd_http *h, int64_t deadline, int *late)
+{
+	struct timespec until = at_ms(deadline);
 	CURL *c;
 
+	*late = 0;
 	pthread_mutex_lock(&h->mu);
 	while (h->in_flight >= h->cfg.max_concurrent &&
-	       !atomic_load(&h->stopped))
-		pthread_cond_wait(&h->cv, &h->mu);
-	if (atomic_load(&h->stopped)) {
+	       !atomic_load(&h->stopped)) {
+		if (deadline == INT64_MAX) {
+			pthread_cond_wait(&h->cv, &h->mu);
+		} else if (pthread_cond_timedwait(&h->cv, &h->mu, &until) ==
+			   ETIMEDOUT &&
+			   h->in_flight >= h->cfg.max_concurrent) {
+			*late = 1;
+			break;
+		}
+	}
+	if (*late || atomic_load(&h->stopped)) {
 		pthread_mutex_unlock(&h->mu);
 		return NULL;
 	}
@@ -207,28 +244,12 @@ on_data(char *ptr, size_t size, size_t nmemb, void *ud)
 	return len;
 }
 
-static int64_t
-now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Waits ms, or less if histd_http_stop comes first. */
 static void
 wait_ms(histd_http *h, int64_t ms)
 {
-	struct timespec until;
+	struct timespec until = at_ms(now_ms() + ms);
 
-	clock_gettime(CLOCK_MONOTONIC, &until);
-	until.tv_sec += ms / 1000;
-	until.tv_nsec += (ms % 1000) * 1000000;
-	if (until.tv_nsec >= 1000000000) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000;
-	}
 	pthread_mutex_lock(&h->mu);
 	while (!atomic_load(&h->stopped) &&
 	       pthread_cond_timedwait(&h->stop_cv, &h->mu, &until) != ETIMEDOUT)
@@ -382,21 +403,32 @@ histd_http_post(histd_http *h, const char *url, const char *const *headers,
 		long status = 0, per = h->cfg.timeout_ms;
 		CURLcode crc;
 		CURL *c;
+		int late;
 
 		if (left <= 0) {
 			rc = rc ? rc : histd_error_set(HISTD_EUNAVAILABLE,
 				"provider call exceeded its deadline");
 			break;
 		}
-		if (left < per)
-			per = (long)left;
-		if (!(c = acquire(h))) {
-			rc = atomic_load(&h->stopped)
-				? stopping()
-				: histd_error_set(HISTD_EINTERNAL,
-						  "libcurl handle not created");
+		if (!(c = acquire(h, deadline, &late))) {
+			if (atomic_load(&h->stopped))
+				rc = stopping();
+			else if (late && !rc)
+				rc = histd_error_set(HISTD_EUNAVAILABLE,
+					"provider call exceeded its deadline "
+					"waiting for one of %u connection "
+					"slots", h->cfg.max_concurrent);
+			else if (!late)
+				rc = histd_error_set(HISTD_EINTERNAL,
+					"libcurl handle not created");
+			/* late after a failed try: the caller hears that
+			 * try's error, as at the deadline check above. */
 			break;
 		}
+		/* The slot wait came out of the deadline. */
+		left = deadline - now_ms();
+		if (left < per)
+			per = left > 0 ? (long)left : 1;
 		attempt++;
 		curl_easy_reset(c);
 		curl_easy_setopt(c, CURLOPT_URL, url);

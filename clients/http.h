@@ -64,9 +64,11 @@ void histd_http_response_clear(histd_http_response *r);
 
 /*
  * POSTs body (len bytes, JSON) to url with the given headers ("Name: value"
- * strings, borrowed; may hold secrets). deadline_ms: the whole call,
- * retries and waits included (0: no deadline beyond the per-attempt
- * timeouts and max_retries).
+ * strings, borrowed; may hold secrets). deadline_ms: the whole call, the
+ * wait for one of the max_concurrent slots, retries and backoff waits
+ * included (0: no deadline beyond the per-attempt timeouts and
+ * max_retries). A call still waiting for a slot at its deadline fails
+ * EUNAVAILABLE without reaching the provider.
  *
  * Returns 0 with *out filled when the provider answered 2xx; otherwise a
  * negative code as above, with out->status set to the last status (0 if

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -297,6 +298,66 @@ concurrent_calls_are_capped(void **state)
 	teardown(f);
 }
 
+typedef struct timed_call {
+	fixture *f;
+	uint32_t deadline_ms;
+	int rc;
+	long ms;
+	char msg[256];
+} timed_call;
+
+static void *
+timed_one_call(void *arg)
+{
+	timed_call *tc = arg;
+	histd_http_response r;
+	struct timespec t0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	tc->rc = post(tc->f, tc->deadline_ms, &r);
+	tc->ms = ms_since(&t0);
+	snprintf(tc->msg, sizeof(tc->msg), "%s", histd_error_message());
+	histd_http_response_clear(&r);
+	return NULL;
+}
+
+/* The deadline covers the wait for a slot: with one slot held by a slow
+ * answer, a second call gives up at its own deadline, not once the slot
+ * is free, and never reaches the provider. */
+static void
+deadline_covers_the_wait_for_a_slot(void **state)
+{
+	histd_http_config cfg;
+	timed_call first, second;
+	pthread_t t1, t2;
+	fixture *f;
+
+	(void)state;
+	histd_http_config_default(&cfg);
+	cfg.max_concurrent = 1;
+	cfg.max_retries = 0;
+	f = setup_with(&cfg);
+	stub_push(f->s, (stub_reply){ 0, -1, 2500, NULL });
+	first = (timed_call){ .f = f, .deadline_ms = 0 };
+	second = (timed_call){ .f = f, .deadline_ms = 500 };
+	assert_int_equal(pthread_create(&t1, NULL, timed_one_call, &first), 0);
+	for (int i = 0; i < 200 && stub_requests(f->s) == 0; i++)
+		usleep(10 * 1000);
+	assert_int_equal(stub_requests(f->s), 1);
+	assert_int_equal(pthread_create(&t2, NULL, timed_one_call, &second),
+			 0);
+	pthread_join(t2, NULL);
+	pthread_join(t1, NULL);
+	assert_int_equal(first.rc, 0);
+	assert_int_equal(second.rc, HISTD_EUNAVAILABLE);
+	assert_non_null(strstr(second.msg, "deadline"));
+	assert_non_null(strstr(second.msg, "slot"));
+	assert_true(second.ms >= 450);
+	assert_true(second.ms < 1500);
+	assert_int_equal(stub_requests(f->s), 1);
+	teardown(f);
+}
+
 int
 main(void)
 {
@@ -311,6 +372,7 @@ main(void)
 		cmocka_unit_test(unreachable_provider_is_eunavailable),
 		cmocka_unit_test(oversized_answers_fail),
 		cmocka_unit_test(concurrent_calls_are_capped),
+		cmocka_unit_test(deadline_covers_the_wait_for_a_slot),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
