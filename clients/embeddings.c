@@ -33,6 +33,7 @@ struct histd_embeddings {
 	histd_http *http;
 	char *base;
 	char *auth_header;      /* holds the key: wiped on free */
+	char *key_env;          /* where the key came from; NULL: given */
 	uint32_t timeout_ms;
 };
 
@@ -81,6 +82,7 @@ histd_embeddings_free(histd_embeddings *e)
 		free(e->auth_header);
 	}
 	free(e->base);
+	free(e->key_env);
 	free(e);
 }
 
@@ -121,7 +123,10 @@ histd_embeddings_open(const histd_embeddings_options *o,
 		n = asprintf(&e->auth_header, "Authorization: Bearer %s", key);
 	if (n < 0)
 		e->auth_header = NULL;
-	if (!e->base || !e->auth_header) {
+	if (!(o->api_key && *o->api_key))
+		e->key_env = strdup(env);
+	if (!e->base || !e->auth_header ||
+	    (!(o->api_key && *o->api_key) && !e->key_env)) {
 		histd_embeddings_free(e);
 		return enomem();
 	}
@@ -323,6 +328,7 @@ histd_embeddings_embed(histd_embeddings *e, const char *model,
 	free(url);
 	free(body);
 	if (rc) {
+		rc = histd_http_error_name(rc, e->p->name, e->key_env, &resp);
 		histd_http_response_clear(&resp);
 		return rc;
 	}

@@ -12,9 +12,11 @@
  *            -> {"embeddings": [{"values"}]}
  *
  * Calls go through the shared HTTP layer (http.h: timeouts, retries with
- * backoff, Retry-After, the cap on concurrent calls) and its error codes:
- * EUNAVAILABLE, ELIMIT, EUNAUTH, EINVALID; an answer that is not the
- * expected JSON is EUNAVAILABLE naming what is missing. The API key comes
+ * backoff, Retry-After, the cap on concurrent calls) and its error codes,
+ * with messages naming the provider (histd_http_error_name): EUNAVAILABLE,
+ * ELIMIT, EPRECONDITION (the provider refused histd's key or request); an
+ * answer that is not the expected JSON is EUNAVAILABLE naming what is
+ * missing. The API key comes
  * from the environment (or the options), is kept only in the request
  * header, wiped when the client is freed, and never logged.
  *

@@ -7,6 +7,7 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -359,14 +360,83 @@ error_for(long status, CURLcode crc, int too_big, size_t max)
 	if (status == 429)
 		return histd_error_set(HISTD_ELIMIT, "provider answered 429 "
 				       "(rate limited)");
+	/* histd's own key or request refused: the server's failure, not
+	 * the caller's credentials or input (no UNAUTHENTICATED, no
+	 * INVALID_ARGUMENT), and not retried. */
 	if (status == 401 || status == 403)
-		return histd_error_set(HISTD_EUNAUTH, "provider answered %ld "
-				       "(check the API key)", status);
+		return histd_error_set(HISTD_EPRECONDITION, "provider refused "
+				       "histd's API key (HTTP %ld)", status);
 	if (status >= 500 || retryable_status(status))
 		return histd_error_set(HISTD_EUNAVAILABLE, "provider answered "
 				       "%ld", status);
-	return histd_error_set(HISTD_EINVALID, "provider refused the request "
-			       "(HTTP %ld)", status);
+	return histd_error_set(HISTD_EPRECONDITION, "provider refused "
+			       "histd's request (HTTP %ld)", status);
+}
+
+/* The provider's own error text in a JSON error body, as one line of at
+ * most cap - 1 bytes ("" if none): error.message (Anthropic, OpenAI,
+ * Gemini), error or message as a string, detail as a string or its first
+ * msg (Mistral). Other members may echo the request: never read. */
+static void
+provider_why(const char *body, size_t len, char *out, size_t cap)
+{
+	json_t *root = body ? json_loadb(body, len, 0, NULL) : NULL;
+	json_t *e = json_object_get(root, "error");
+	json_t *d = json_object_get(root, "detail");
+	const char *t = NULL;
+	size_t n = 0;
+
+	if (json_is_string(json_object_get(e, "message")))
+		t = json_string_value(json_object_get(e, "message"));
+	else if (json_is_string(e))
+		t = json_string_value(e);
+	else if (json_is_string(json_object_get(root, "message")))
+		t = json_string_value(json_object_get(root, "message"));
+	else if (json_is_string(d))
+		t = json_string_value(d);
+	else if (json_is_string(json_object_get(json_array_get(d, 0), "msg")))
+		t = json_string_value(json_object_get(json_array_get(d, 0),
+						      "msg"));
+	if (t && strlen(t) >= cap) {
+		/* Cut on a character boundary, room left for "...". */
+		n = cap > 4 ? cap - 4 : 0;
+		while (n && ((unsigned char)t[n] & 0xc0) == 0x80)
+			n--;
+	} else if (t) {
+		n = strlen(t);
+	}
+	for (size_t i = 0; i < n; i++)
+		out[i] = (unsigned char)t[i] < 0x20 || t[i] == 0x7f ? ' ' : t[i];
+	if (t && t[n] && cap > 4) {
+		memcpy(out + n, "...", 3);
+		n += 3;
+	}
+	out[n] = '\0';
+	json_decref(root);
+}
+
+int
+histd_http_error_name(int rc, const char *provider, const char *key_env,
+		      const histd_http_response *r)
+{
+	char was[256], why[HISTD_HTTP_WHY_MAX + 1];
+	long st = r ? r->status : 0;
+
+	if (!rc || rc == HISTD_ENOMEM)
+		return rc;
+	if (rc == HISTD_EPRECONDITION && (st == 401 || st == 403))
+		return histd_error_set(rc, "%s refused histd's API key (HTTP "
+				       "%ld): check the key%s%s", provider, st,
+				       key_env ? " in " : "",
+				       key_env ? key_env : "");
+	if (rc == HISTD_EPRECONDITION && st >= 400 && st < 500) {
+		provider_why(r->body, r->len, why, sizeof(why));
+		return histd_error_set(rc, "%s refused histd's request (HTTP "
+				       "%ld)%s%s", provider, st,
+				       why[0] ? ": " : "", why);
+	}
+	snprintf(was, sizeof(was), "%s", histd_error_message());
+	return histd_error_set(rc, "%s: %s", provider, was);
 }
 
 int

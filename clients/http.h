@@ -12,8 +12,11 @@
  *
  *   EUNAVAILABLE  no connection, timeout, 5xx, an answer too large
  *   ELIMIT        429 after the last retry
- *   EUNAUTH       401 / 403
- *   EINVALID      any other 4xx (the provider refused the request)
+ *   EPRECONDITION 401 / 403 (the provider refused histd's key) and any
+ *                 other 4xx (the provider refused histd's request):
+ *                 the server's configuration or request failed, not
+ *                 the credentials or input of histd's caller, so never
+ *                 EUNAUTH or EINVALID
  *
  * Messages name the status and what failed, never the URL (it may hold
  * credentials), a header or a body.
@@ -79,6 +82,26 @@ int histd_http_post(histd_http *h, const char *url,
 		    const char *const *headers, size_t n_headers,
 		    const char *body, size_t len, uint32_t deadline_ms,
 		    histd_http_response *out);
+
+/* The longest provider error text histd_http_error_name quotes. */
+#define HISTD_HTTP_WHY_MAX 200
+
+/*
+ * After histd_http_post failed with rc (r: its response): sets this
+ * thread's message again so that it names the provider ("anthropic"):
+ *
+ *   401 / 403   "anthropic refused histd's API key (HTTP 401): check the
+ *               key in ANTHROPIC_API_KEY" (key_env may be NULL; the
+ *               provider's answer is not quoted, as it may echo the key)
+ *   other 4xx   "anthropic refused histd's request (HTTP 400): <the
+ *               provider's error message>" (from a JSON error body, one
+ *               line, at most HISTD_HTTP_WHY_MAX bytes)
+ *   otherwise   "anthropic: <the message as it was>"
+ *
+ * Returns rc (0 and ENOMEM untouched).
+ */
+int histd_http_error_name(int rc, const char *provider, const char *key_env,
+			  const histd_http_response *r);
 
 /*
  * Shutdown: every call in flight ends within about a second (libcurl

@@ -29,6 +29,7 @@ typedef struct provider_summarizer {
 	char *auth_header;      /* holds the key: wiped on free */
 	char *model;
 	char *prompt;
+	char *key_env;          /* where the key came from; NULL: given */
 	uint32_t max_output_tokens;
 	uint32_t timeout_ms;
 } provider_summarizer;
@@ -55,6 +56,7 @@ ps_free(histd_summarizer *s)
 	wipe_free(p->auth_header);
 	free(p->model);
 	free(p->prompt);
+	free(p->key_env);
 	free(p);
 }
 
@@ -96,6 +98,10 @@ ps_summarize(histd_summarizer *s, const histd_summary_request *req,
 			     &resp);
 	free(text);
 	if (rc) {
+		/* The state key is the provider's short name, as sessions
+		 * name the summarizer ("anthropic", "openai_chat", ...). */
+		rc = histd_http_error_name(rc, p->ops->key, p->key_env,
+					   &resp);
 		histd_http_response_clear(&resp);
 		return rc;
 	}
@@ -188,7 +194,10 @@ histd_provider_summarizer_open(const histd_provider_options *o,
 	p->model = strdup(o->model);
 	p->prompt = strdup(o->prompt && *o->prompt ? o->prompt
 						   : default_prompt);
-	if (!p->auth_header || !p->url || !p->model || !p->prompt) {
+	if (!(o->api_key && *o->api_key))
+		p->key_env = strdup(env);
+	if (!p->auth_header || !p->url || !p->model || !p->prompt ||
+	    (!(o->api_key && *o->api_key) && !p->key_env)) {
 		ps_free(&p->base);
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	}

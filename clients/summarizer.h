@@ -51,9 +51,11 @@ struct histd_summarizer {
 	unsigned int version;
 	const char *name;
 	/* Required. 0 with *out filled, or a negative HISTD_E* code with the
-	 * thread's message set (EUNAVAILABLE: provider unreachable or 5xx,
-	 * retried by the caller with backoff; ELIMIT: rate limited; EINVALID:
-	 * the provider refused the request). On error *out is untouched. */
+	 * thread's message set, naming the provider (EUNAVAILABLE: provider
+	 * unreachable or 5xx, retried by the caller with backoff; ELIMIT:
+	 * rate limited; EPRECONDITION: the provider refused histd's API key
+	 * or request, HTTP 4xx: a server-side fault, not retried). On error
+	 * *out is untouched. */
 	int (*summarize)(histd_summarizer *s, const histd_summary_request *req,
 			 histd_summary_result *out);
 	/* Required. */

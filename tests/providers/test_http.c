@@ -169,6 +169,9 @@ server_errors_are_retried(void **state)
 	teardown(f);
 }
 
+/* A provider's 4xx refuses histd's own key or request: EPRECONDITION
+ * (a server-side failure for histd's caller), never EUNAUTH or EINVALID,
+ * and not retried. */
 static void
 client_errors_are_not_retried(void **state)
 {
@@ -177,15 +180,99 @@ client_errors_are_not_retried(void **state)
 
 	(void)state;
 	stub_push(f->s, (stub_reply){ 400, -1, 0, "{\"error\":\"bad\"}" });
-	assert_int_equal(post(f, 0, &r), HISTD_EINVALID);
+	assert_int_equal(post(f, 0, &r), HISTD_EPRECONDITION);
 	assert_int_equal(r.status, 400);
 	assert_non_null(strstr(r.body, "bad"));
+	assert_non_null(strstr(histd_error_message(), "HTTP 400"));
 	histd_http_response_clear(&r);
 	stub_push(f->s, (stub_reply){ 401, -1, 0, "{}" });
-	assert_int_equal(post(f, 0, &r), HISTD_EUNAUTH);
+	assert_int_equal(post(f, 0, &r), HISTD_EPRECONDITION);
+	assert_non_null(strstr(histd_error_message(), "API key (HTTP 401)"));
 	assert_null(strstr(histd_error_message(), "SECRETKEY"));
 	histd_http_response_clear(&r);
-	assert_int_equal(stub_requests(f->s), 2);
+	stub_push(f->s, (stub_reply){ 403, -1, 0, "{}" });
+	assert_int_equal(post(f, 0, &r), HISTD_EPRECONDITION);
+	assert_non_null(strstr(histd_error_message(), "API key (HTTP 403)"));
+	histd_http_response_clear(&r);
+	stub_push(f->s, (stub_reply){ 404, -1, 0, "{}" });
+	assert_int_equal(post(f, 0, &r), HISTD_EPRECONDITION);
+	histd_http_response_clear(&r);
+	assert_int_equal(stub_requests(f->s), 4);
+	teardown(f);
+}
+
+/* histd_http_error_name: the message names the provider and the status;
+ * a refused request quotes the provider's own error text (one line, cut),
+ * a refused key names the variable, never what the provider said. */
+static void
+error_messages_name_the_provider(void **state)
+{
+	static const struct {
+		long status;
+		const char *body, *want;
+	} cases[] = {
+		{ 400, "{\"type\":\"error\",\"error\":{\"type\":"
+		  "\"invalid_request_error\",\"message\":\"max_tokens: "
+		  "too large\"}}",
+		  "anthropic refused histd's request (HTTP 400): max_tokens: "
+		  "too large" },
+		{ 404, "{\"error\":{\"code\":404,\"message\":\"model "
+		  "not\\nfound\",\"status\":\"NOT_FOUND\"}}",
+		  "anthropic refused histd's request (HTTP 404): model not "
+		  "found" },
+		{ 422, "{\"object\":\"error\",\"message\":\"bad model\"}",
+		  "anthropic refused histd's request (HTTP 422): bad model" },
+		{ 422, "{\"detail\":[{\"msg\":\"Field required\","
+		  "\"input\":\"conversation\"}]}",
+		  "anthropic refused histd's request (HTTP 422): Field "
+		  "required" },
+		{ 400, "<html>Bad Request</html>",
+		  "anthropic refused histd's request (HTTP 400)" },
+		{ 401, "{\"error\":{\"message\":\"Incorrect API key "
+		  "provided: SECRETKEY\"}}",
+		  "anthropic refused histd's API key (HTTP 401): check the key "
+		  "in ANTHROPIC_API_KEY" },
+		{ 403, "{}", "anthropic refused histd's API key (HTTP 403): check "
+		  "the key in ANTHROPIC_API_KEY" },
+	};
+	fixture *f = setup();
+	histd_http_response r;
+	char longer[600];
+	int rc;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		stub_push(f->s, (stub_reply){ (int)cases[i].status, -1, 0,
+					      cases[i].body });
+		rc = histd_http_error_name(post(f, 0, &r), "anthropic",
+					   "ANTHROPIC_API_KEY", &r);
+		assert_int_equal(rc, HISTD_EPRECONDITION);
+		assert_string_equal(histd_error_message(), cases[i].want);
+		histd_http_response_clear(&r);
+	}
+	/* A long provider message is cut, on a character boundary. */
+	snprintf(longer, sizeof(longer), "{\"error\":{\"message\":\"%0*d"
+		 "\\u00e9\\u00e9\\u00e9%0300d\"}}", 196, 0, 0);
+	stub_push(f->s, (stub_reply){ 400, -1, 0, longer });
+	rc = histd_http_error_name(post(f, 0, &r), "gemini", NULL, &r);
+	assert_int_equal(rc, HISTD_EPRECONDITION);
+	assert_true(strlen(histd_error_message()) <
+		    strlen("gemini refused histd's request (HTTP 400): ") +
+		    HISTD_HTTP_WHY_MAX + 1);
+	/* The cut falls inside the first e-acute: it goes whole. */
+	assert_non_null(strstr(histd_error_message(), "00..."));
+	assert_null(strchr(histd_error_message(), '\xc3'));
+	histd_http_response_clear(&r);
+	/* Other failures keep their message, with the provider in front. */
+	stub_push(f->s, (stub_reply){ 500, -1, 0, "{}" });
+	stub_push(f->s, (stub_reply){ 500, -1, 0, "{}" });
+	stub_push(f->s, (stub_reply){ 500, -1, 0, "{}" });
+	stub_push(f->s, (stub_reply){ 500, -1, 0, "{}" });
+	rc = histd_http_error_name(post(f, 0, &r), "mistral", NULL, &r);
+	assert_int_equal(rc, HISTD_EUNAVAILABLE);
+	assert_string_equal(histd_error_message(),
+			    "mistral: provider answered 500");
+	histd_http_response_clear(&r);
 	teardown(f);
 }
 
@@ -368,6 +455,7 @@ main(void)
 		cmocka_unit_test(retry_after_past_the_deadline_answers_at_once),
 		cmocka_unit_test(server_errors_are_retried),
 		cmocka_unit_test(client_errors_are_not_retried),
+		cmocka_unit_test(error_messages_name_the_provider),
 		cmocka_unit_test(slow_answers_time_out_and_are_retried),
 		cmocka_unit_test(unreachable_provider_is_eunavailable),
 		cmocka_unit_test(oversized_answers_fail),

@@ -326,6 +326,59 @@ a_provider_500_leaves_history_unchanged_and_reports_plugin_error(void **state)
 	ta_free(a);
 }
 
+/* A provider refusing histd's own key or request is the server's
+ * failure, not the caller's: FAILED_PRECONDITION naming the provider and
+ * its status (never UNAUTHENTICATED or INVALID_ARGUMENT); a 429 stays
+ * RESOURCE_EXHAUSTED. */
+static void
+provider_refusals_are_failed_precondition(void **state)
+{
+	static const struct {
+		int status;
+		const char *body;
+		grpc_status_code code;
+		const char *want;
+	} cases[] = {
+		{ 401, "{\"error\":{\"message\":\"Incorrect API key\"}}",
+		  GRPC_STATUS_FAILED_PRECONDITION,
+		  "openai_chat refused histd's API key (HTTP 401): check the "
+		  "key in OPENAI_API_KEY" },
+		{ 403, "{}", GRPC_STATUS_FAILED_PRECONDITION,
+		  "openai_chat refused histd's API key (HTTP 403): check the "
+		  "key in OPENAI_API_KEY" },
+		{ 400, "{\"error\":{\"message\":\"max_completion_tokens is "
+		  "too large\"}}", GRPC_STATUS_FAILED_PRECONDITION,
+		  "openai_chat refused histd's request (HTTP 400): "
+		  "max_completion_tokens is too large" },
+		{ 404, "{\"error\":{\"message\":\"The model does not "
+		  "exist\"}}", GRPC_STATUS_FAILED_PRECONDITION,
+		  "openai_chat refused histd's request (HTTP 404): The model "
+		  "does not exist" },
+		{ 429, "{}", GRPC_STATUS_RESOURCE_EXHAUSTED,
+		  "openai_chat: provider answered 429 (rate limited)" },
+	};
+	tarena *a = ta_new();
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		Histd__V1__ReduceResponse *rr;
+		char *id = ta_printf(a, "refused-%d", cases[i].status);
+		char *details = NULL;
+
+		create(a, id, "openai_chat");
+		fill(a, id);
+		stub_push(provider, (stub_reply){ .status = cases[i].status,
+						  .retry_after = -1,
+						  .body = cases[i].body });
+		assert_int_equal(reduce(id, &rr, &details), cases[i].code);
+		histd_client_message_free((ProtobufCMessage *)rr);
+		assert_non_null(strstr(details, cases[i].want));
+		assert_null(strstr(details, "test-openai-key"));
+		free(details);
+	}
+	ta_free(a);
+}
+
 static void
 an_unconfigured_provider_fails_naming_its_key_variable(void **state)
 {
@@ -531,6 +584,7 @@ main(int argc, char **argv)
 			mistral_reduce_records_the_stub_summary_model_and_usage),
 		cmocka_unit_test(
 			a_provider_500_leaves_history_unchanged_and_reports_plugin_error),
+		cmocka_unit_test(provider_refusals_are_failed_precondition),
 		cmocka_unit_test(
 			an_unconfigured_provider_fails_naming_its_key_variable),
 		cmocka_unit_test(the_server_log_never_holds_an_api_key),

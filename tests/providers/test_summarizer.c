@@ -177,13 +177,60 @@ rate_limits_and_refusals_map_to_codes(void **state)
 	stub_push(s, (stub_reply){ 429, 0, 0, "{}" });
 	stub_push(s, (stub_reply){ 429, 0, 0, "{}" });
 	assert_int_equal(sum->summarize(sum, &req, &res), HISTD_ELIMIT);
-	stub_push(s, (stub_reply){ 400, -1, 0, "{}" });
-	assert_int_equal(sum->summarize(sum, &req, &res), HISTD_EINVALID);
+	assert_non_null(strstr(histd_error_message(), "anthropic: "));
+	stub_push(s, (stub_reply){ 400, -1, 0, "{\"type\":\"error\",\"error\""
+				   ":{\"message\":\"max_tokens: too big\"}}" });
+	assert_int_equal(sum->summarize(sum, &req, &res),
+			 HISTD_EPRECONDITION);
+	assert_string_equal(histd_error_message(), "anthropic refused histd's "
+			    "request (HTTP 400): max_tokens: too big");
 	stub_push(s, (stub_reply){ 529, -1, 0, "{}" });
 	assert_int_equal(sum->summarize(sum, &req, &res), 0);
 	histd_summary_result_clear(&res);
 	sum->free(sum);
 	stub_stop(s);
+}
+
+/* The provider refusing histd's key is the server's fault, not the
+ * caller's credentials: EPRECONDITION naming the provider, the status
+ * and the variable the key came from, never the key. */
+static void
+a_refused_key_names_provider_status_and_variable(void **state)
+{
+	static const long statuses[] = { 401, 403 };
+	Histd__V1__Message *msgs[1];
+	histd_summary_request req = { .n_messages = 1 };
+	histd_summary_result res = { 0 };
+	histd_provider_options o = { .provider = "openai_responses",
+				     .model = "m1",
+				     .api_key_env = "HISTD_TEST_REFUSED_KEY" };
+	histd_summarizer *sum;
+	stub *s = stub_start();
+	char want[160];
+
+	(void)state;
+	msgs[0] = text_message(HISTD__V1__ROLE__ROLE_USER, "hello");
+	req.messages = msgs;
+	setenv("HISTD_TEST_REFUSED_KEY", "sk-refused-1234", 1);
+	o.base_url = stub_url(s);
+	assert_int_equal(histd_provider_summarizer_open(&o, &sum), 0);
+	for (size_t i = 0; i < 2; i++) {
+		stub_push(s, (stub_reply){ (int)statuses[i], -1, 0,
+			"{\"error\":{\"message\":\"Incorrect API key "
+			"provided: sk-refused-1234\"}}" });
+		assert_int_equal(sum->summarize(sum, &req, &res),
+				 HISTD_EPRECONDITION);
+		snprintf(want, sizeof(want), "openai_responses refused histd's "
+			 "API key (HTTP %ld): check the key in "
+			 "HISTD_TEST_REFUSED_KEY", statuses[i]);
+		assert_string_equal(histd_error_message(), want);
+		assert_null(res.text);
+	}
+	/* Not retried. */
+	assert_int_equal(stub_requests(s), 2);
+	sum->free(sum);
+	stub_stop(s);
+	unsetenv("HISTD_TEST_REFUSED_KEY");
 }
 
 static void
@@ -216,6 +263,8 @@ main(void)
 		cmocka_unit_test(every_provider_summarizes_in_its_wire_format),
 		cmocka_unit_test(malformed_answers_are_eunavailable),
 		cmocka_unit_test(rate_limits_and_refusals_map_to_codes),
+		cmocka_unit_test(
+			a_refused_key_names_provider_status_and_variable),
 		cmocka_unit_test(missing_key_names_the_variable),
 	};
 
