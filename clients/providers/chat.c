@@ -955,9 +955,7 @@ histd_chat_summary_response(json_t *root, histd_summary_result *out)
 		return nomem();
 	}
 	out->text = text;
-	out->input_tokens = (uint32_t)json_integer_value(
-		json_object_get(usage, "prompt_tokens"));
-	out->output_tokens = (uint32_t)json_integer_value(
-		json_object_get(usage, "completion_tokens"));
+	out->input_tokens = histd_usage_count(usage, "prompt_tokens");
+	out->output_tokens = histd_usage_count(usage, "completion_tokens");
 	return 0;
 }

@@ -1184,6 +1184,17 @@ histd_result_text(const Histd__V1__ToolResultBlock *r, int *other)
 	return s;
 }
 
+uint32_t
+histd_usage_count(json_t *usage, const char *key)
+{
+	json_t *v = json_object_get(usage, key);
+	json_int_t n = json_is_integer(v) ? json_integer_value(v) : 0;
+
+	if (n < 0)
+		return 0;
+	return (uint64_t)n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
 json_t *
 histd_args_value(const char *arguments)
 {

@@ -770,10 +770,8 @@ summary_response(json_t *root, histd_summary_result *out)
 		return nomem();
 	}
 	out->text = text;
-	out->input_tokens = (uint32_t)json_integer_value(
-		json_object_get(usage, "promptTokenCount"));
-	out->output_tokens = (uint32_t)json_integer_value(
-		json_object_get(usage, "candidatesTokenCount"));
+	out->input_tokens = histd_usage_count(usage, "promptTokenCount");
+	out->output_tokens = histd_usage_count(usage, "candidatesTokenCount");
 	return 0;
 }
 

@@ -959,10 +959,8 @@ summary_response(json_t *root, histd_summary_result *out)
 		return nomem();
 	}
 	out->text = text;
-	out->input_tokens = (uint32_t)json_integer_value(
-		json_object_get(usage, "input_tokens"));
-	out->output_tokens = (uint32_t)json_integer_value(
-		json_object_get(usage, "output_tokens"));
+	out->input_tokens = histd_usage_count(usage, "input_tokens");
+	out->output_tokens = histd_usage_count(usage, "output_tokens");
 	return 0;
 }
 

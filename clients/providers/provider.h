@@ -279,6 +279,12 @@ char *histd_b64_encode(const uint8_t *p, size_t len);
 int histd_b64_decode(const char *s, size_t len, uint8_t **out,
 		     size_t *out_len);
 
+/* A token count of a provider's usage object (usage[key]), as the
+ * Summary holds it: 0 when absent, not an integer or negative (a count
+ * below zero is the provider's error, not a huge number), at most
+ * UINT32_MAX. */
+uint32_t histd_usage_count(json_t *usage, const char *key);
+
 /* Text rendering of messages for summarization prompts; malloc'ed. */
 char *histd_render_transcript(const char *previous,
 			      Histd__V1__Message *const *m, size_t n);

@@ -162,6 +162,71 @@ malformed_answers_are_eunavailable(void **state)
 	stub_stop(s);
 }
 
+/* Usage counts below zero are the provider's error: 0, not 2^32 - 1;
+ * counts past 32 bits saturate. */
+static void
+usage_counts_are_clamped(void **state)
+{
+	static const char *const bodies[] = {
+		/* anthropic */
+		"{\"model\":\"x\",\"content\":[{\"type\":\"text\","
+		"\"text\":\"s\"}],\"usage\":{\"input_tokens\":%s,"
+		"\"output_tokens\":%s}}",
+		/* openai (chat) */
+		"{\"model\":\"x\",\"choices\":[{\"message\":{\"content\":"
+		"\"s\"}}],\"usage\":{\"prompt_tokens\":%s,"
+		"\"completion_tokens\":%s}}",
+		/* openai_responses */
+		"{\"model\":\"x\",\"output\":[{\"type\":\"message\","
+		"\"content\":[{\"type\":\"output_text\",\"text\":\"s\"}]}],"
+		"\"usage\":{\"input_tokens\":%s,\"output_tokens\":%s}}",
+		/* gemini */
+		"{\"modelVersion\":\"x\",\"candidates\":[{\"content\":"
+		"{\"parts\":[{\"text\":\"s\"}]}}],\"usageMetadata\":"
+		"{\"promptTokenCount\":%s,\"candidatesTokenCount\":%s}}",
+		/* mistral */
+		"{\"model\":\"x\",\"choices\":[{\"message\":{\"content\":"
+		"\"s\"}}],\"usage\":{\"prompt_tokens\":%s,"
+		"\"completion_tokens\":%s}}",
+	};
+	static const struct {
+		const char *in, *out;
+		uint32_t want_in, want_out;
+	} counts[] = {
+		{ "-1", "-7", 0, 0 },
+		{ "-9223372036854775808", "5", 0, 5 },
+		{ "4294967296", "99999999999", UINT32_MAX, UINT32_MAX },
+		{ "12.5", "\"3\"", 0, 0 },
+	};
+	Histd__V1__Message *msgs[1];
+	stub *s = stub_start();
+	char body[512];
+
+	(void)state;
+	msgs[0] = text_message(HISTD__V1__ROLE__ROLE_USER, "hello");
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		histd_summarizer *sum = open_on(s, cases[i].provider, 0);
+
+		for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]);
+		     k++) {
+			histd_summary_request req = { .messages = msgs,
+						      .n_messages = 1 };
+			histd_summary_result res = { 0 };
+
+			snprintf(body, sizeof(body), bodies[i], counts[k].in,
+				 counts[k].out);
+			stub_push(s, (stub_reply){ 200, -1, 0, body });
+			assert_int_equal(sum->summarize(sum, &req, &res), 0);
+			assert_int_equal(res.input_tokens, counts[k].want_in);
+			assert_int_equal(res.output_tokens,
+					 counts[k].want_out);
+			histd_summary_result_clear(&res);
+		}
+		sum->free(sum);
+	}
+	stub_stop(s);
+}
+
 static void
 rate_limits_and_refusals_map_to_codes(void **state)
 {
@@ -262,6 +327,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(every_provider_summarizes_in_its_wire_format),
 		cmocka_unit_test(malformed_answers_are_eunavailable),
+		cmocka_unit_test(usage_counts_are_clamped),
 		cmocka_unit_test(rate_limits_and_refusals_map_to_codes),
 		cmocka_unit_test(
 			a_refused_key_names_provider_status_and_variable),
