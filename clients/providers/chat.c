@@ -321,6 +321,10 @@ imp_calls(const histd_chat_dialect *d, histd_imp *im, json_t *msg,
 			}
 			json_decref(v);
 			args = strdup(json_string_value(a));
+			/* "" is histd's "no arguments" too, which export
+			 * writes as "{}": keep which one came. */
+			if (!json_string_length(a))
+				rc = mark(x, "$args", json_string("empty"));
 		} else if (json_is_object(a) && d->args_object) {
 			args = histd_json_text(a);
 			rc = mark(x, "$args", json_string("object"));
@@ -745,6 +749,7 @@ exp_call(const histd_chat_dialect *d, histd_exp *ex,
 	const Histd__V1__ToolCallBlock *c = b->tool_call;
 	json_t *x = histd_blk_state_get(b, d->key);
 	json_t *o = json_object(), *fn = json_object();
+	const char *args;
 	int rc = 0;
 
 	if (!o || !fn || json_array_append(calls, o) ||
@@ -754,14 +759,15 @@ exp_call(const histd_chat_dialect *d, histd_exp *ex,
 	    json_object_set(o, "function", fn) ||
 	    set_new(fn, "name", json_string(c->name)))
 		goto nomem;
-	if (histd_mark_str(x, "$args") && d->args_object) {
+	args = histd_mark_str(x, "$args");
+	if (args && !strcmp(args, "object") && d->args_object) {
 		json_t *a = histd_args_value(c->arguments);
 
 		if (!a || json_object_set_new(fn, "arguments", a))
 			goto nomem;
-	} else if (set_new(fn, "arguments", json_string(c->arguments[0]
-							   ? c->arguments
-							   : "{}"))) {
+	} else if (set_new(fn, "arguments", json_string(
+			c->arguments[0] ? c->arguments
+			: args && !strcmp(args, "empty") ? "" : "{}"))) {
 		goto nomem;
 	}
 	if (histd_extras_apply(o, x, NULL) ||

@@ -1063,6 +1063,39 @@ histd_msg_state_get(const Histd__V1__Message *m, const char *key)
 	return NULL;
 }
 
+int
+histd_msg_mark(Histd__V1__Message *m, const char *key, const char *name,
+	       json_t *v)
+{
+	json_t *x = histd_msg_state_get(m, key);
+	uint8_t *data;
+	size_t len;
+	int rc;
+
+	if (!x && !(x = json_object())) {
+		json_decref(v);
+		return enomem();
+	}
+	if (!v || json_object_set_new(x, name, v)) {
+		json_decref(x);
+		return enomem();
+	}
+	for (size_t i = 0; i < m->n_provider_state; i++) {
+		if (strcmp(m->provider_state[i]->key, key))
+			continue;
+		if ((rc = state_bytes(x, &data, &len)) == 0) {
+			free(m->provider_state[i]->value.data);
+			m->provider_state[i]->value.data = data;
+			m->provider_state[i]->value.len = len;
+		}
+		json_decref(x);
+		return rc;
+	}
+	rc = histd_msg_state(m, key, x);
+	json_decref(x);
+	return rc;
+}
+
 json_t *
 histd_blk_state_get(const Histd__V1__ContentBlock *b, const char *key)
 {

@@ -413,9 +413,15 @@ imp_item(histd_imp *im, json_t *it, long k, group *g)
 		if ((rc = histd_calls_add(&im->calls, &im->n_calls,
 					  &im->cap_calls, id, name)))
 			return rc;
+		x = histd_extras(it, k_fcall);
+		/* "" is histd's "no arguments" too, which export writes as
+		 * "{}": keep which one came. */
+		if (!*args && (rc = mark(x, "$args", json_string("empty")))) {
+			json_decref(x);
+			return rc;
+		}
 		return add(im, g->assistant, NULL,
-			   histd_blk_tool_call(id, name, args),
-			   histd_extras(it, k_fcall));
+			   histd_blk_tool_call(id, name, args), x);
 	}
 	if (!strcmp(type, "function_call_output")) {
 		Histd__V1__ContentBlock *b;
@@ -458,7 +464,7 @@ imp_item(histd_imp *im, json_t *it, long k, group *g)
 }
 
 static int
-import(histd_imp *im, json_t *root)
+import_body(histd_imp *im, json_t *root)
 {
 	Histd__V1__Message *m;
 	json_t *v, *input, *e, *x;
@@ -511,6 +517,37 @@ import(histd_imp *im, json_t *root)
 		histd_imp_pop(im, q);
 	}
 	histd_imp_pop(im, p);
+	return 0;
+}
+
+/*
+ * instructions "" or null make no system message; the first message this
+ * import made (n0: the count before it) keeps which one came, and export
+ * writes it back when that message comes first.
+ */
+static int
+keep_empty_instructions(histd_imp *im, size_t n0, json_t *ins)
+{
+	for (size_t i = n0; i < im->t->n_messages; i++)
+		if (im->t->messages[i]->n_content)
+			return histd_msg_mark(im->t->messages[i], KEY,
+					      "$empty_instructions",
+					      json_deep_copy(ins));
+	return 0;
+}
+
+static int
+import(histd_imp *im, json_t *root)
+{
+	json_t *ins_v = json_object_get(root, "instructions");
+	size_t n0 = im->t->n_messages;
+	int rc;
+
+	if ((rc = import_body(im, root)))
+		return rc;
+	if (ins_v && (json_is_null(ins_v) ||
+		      (json_is_string(ins_v) && !json_string_length(ins_v))))
+		return keep_empty_instructions(im, n0, ins_v);
 	return 0;
 }
 
@@ -763,8 +800,9 @@ exp_call(histd_exp *ex, const Histd__V1__ContentBlock *b, json_t *arr)
 	    set_new(o, "type", json_string("function_call")) ||
 	    set_new(o, "call_id", json_string(c->id)) ||
 	    set_new(o, "name", json_string(c->name)) ||
-	    set_new(o, "arguments", json_string(c->arguments[0] ? c->arguments
-								: "{}")) ||
+	    set_new(o, "arguments", json_string(
+		    c->arguments[0] ? c->arguments
+		    : histd_mark_str(x, "$args") ? "" : "{}")) ||
 	    histd_extras_apply(o, x, NULL))
 		rc = nomem();
 	json_decref(o);
@@ -884,6 +922,16 @@ export(histd_exp *ex, Histd__V1__Message *const *msgs, size_t n, json_t **out)
 	if (!json_object_get(root, "input") &&
 	    json_object_set(root, "input", arr))
 		goto nomem;
+	if (n >= 1 && !json_object_get(root, "instructions")) {
+		json_t *mx = histd_msg_state_get(msgs[0], KEY);
+		json_t *ins = json_object_get(mx, "$empty_instructions");
+
+		if (ins && json_object_set(root, "instructions", ins)) {
+			json_decref(mx);
+			goto nomem;
+		}
+		json_decref(mx);
+	}
 	*out = root;
 	root = NULL;
 	goto out;

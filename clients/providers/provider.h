@@ -237,6 +237,10 @@ int histd_extras_into(json_t *dst, const char *sub, json_t *src,
 /* Stores x (if it has members) as provider_state[key]; 0 or ENOMEM. */
 int histd_msg_state(Histd__V1__Message *m, const char *key, json_t *x);
 int histd_blk_state(Histd__V1__ContentBlock *b, const char *key, json_t *x);
+/* Sets one member (a "$" mark) of provider_state[key] of m to v (stolen),
+ * keeping the others; 0 or ENOMEM. */
+int histd_msg_mark(Histd__V1__Message *m, const char *key, const char *name,
+		   json_t *v);
 /* provider_state[key] parsed as an object (new reference), or NULL. */
 json_t *histd_msg_state_get(const Histd__V1__Message *m, const char *key);
 json_t *histd_blk_state_get(const Histd__V1__ContentBlock *b, const char *key);

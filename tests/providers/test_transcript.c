@@ -480,6 +480,82 @@ keys_with_control_bytes_stay_on_one_line(void **state)
 	histd_transcript_clear(&t);
 }
 
+static char *
+round_trip(Histd__V1__Format f, const char *body)
+{
+	histd_transcript t = { 0 };
+	char *out = NULL;
+
+	assert_int_equal(histd_transcript_from_json(f, body, strlen(body),
+						    NULL, &t), 0);
+	assert_int_equal(histd_transcript_to_json(f, t.messages, t.n_messages,
+						  &out, NULL), 0);
+	histd_transcript_clear(&t);
+	return out;
+}
+
+/* instructions "" or null (no system message in histd) and tool
+ * arguments "" come back as they came; a tool call appended with no
+ * arguments still goes out as "{}". */
+static void
+empty_instructions_and_arguments_round_trip(void **state)
+{
+	static const struct {
+		Histd__V1__Format f;
+		const char *body;
+	} cases[] = {
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"instructions\":\"\",\"input\":\"hi\"}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"instructions\":null,\"input\":[{\"role\":\"user\","
+		  "\"content\":\"hi\"}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"instructions\":\"\",\"input\":[{\"role\":"
+		  "\"developer\",\"content\":\"be brief\"},{\"role\":"
+		  "\"user\",\"content\":\"hi\"}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"input\":[{\"type\":\"function_call\",\"call_id\":"
+		  "\"c1\",\"name\":\"f\",\"arguments\":\"\"}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT,
+		  "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":"
+		  "[{\"id\":\"c1\",\"type\":\"function\",\"function\":"
+		  "{\"name\":\"f\",\"arguments\":\"\"}}]}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_MISTRAL,
+		  "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":"
+		  "[{\"id\":\"c1\",\"function\":{\"name\":\"f\","
+		  "\"arguments\":\"\"}}]}]}" },
+	};
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT, *mp = &m;
+	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT, *bp = &b;
+	Histd__V1__ToolCallBlock c = HISTD__V1__TOOL_CALL_BLOCK__INIT;
+	char *out;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		out = round_trip(cases[i].f, cases[i].body);
+		assert_same_json("empty", cases[i].body, out, cases[i].f);
+		free(out);
+	}
+	/* Appended, not imported: "" is "no arguments", sent as "{}". */
+	c.id = "c1";
+	c.name = "f";
+	c.arguments = "";
+	b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL;
+	b.tool_call = &c;
+	m.role = HISTD__V1__ROLE__ROLE_ASSISTANT;
+	m.n_content = 1;
+	m.content = &bp;
+	for (size_t f = 1; f < sizeof(formats) / sizeof(formats[0]); f++) {
+		if (formats[f] == HISTD__V1__FORMAT__FORMAT_GEMINI)
+			continue;
+		assert_int_equal(histd_transcript_to_json(formats[f], &mp, 1,
+							  &out, NULL), 0);
+		assert_non_null(strstr(out, "\"arguments\":\"{}\""));
+		assert_null(strstr(out, "instructions"));
+		free(out);
+	}
+}
+
 int
 main(void)
 {
@@ -493,6 +569,7 @@ main(void)
 		cmocka_unit_test(dollar_keys_cannot_forge_marks),
 		cmocka_unit_test(empty_data_uri_stays_a_url),
 		cmocka_unit_test(keys_with_control_bytes_stay_on_one_line),
+		cmocka_unit_test(empty_instructions_and_arguments_round_trip),
 	};
 
 	return cmocka_run_group_tests(tests, load_goldens, free_goldens);
