@@ -1367,11 +1367,79 @@ histd_json_error_why(const json_error_t *e)
 	case json_error_premature_end_of_input:
 		return "is not valid JSON: it ends before its value does";
 	case json_error_numeric_overflow:
-		return "is not valid JSON: it holds a number too large";
+		/* Valid JSON, past what jansson holds: integers are
+		 * json_int_t (int64), reals double. */
+		return strncmp(e->text, "too big", 7)
+		       ? "holds a number out of range (too large for a double)"
+		       : "holds an integer out of range (more than 64 bits)";
 	case json_error_end_of_input_expected:
 		return "is not valid JSON: it holds more after its value";
 	default:
 		return "is not valid JSON";
+	}
+}
+
+/*
+ * The member of a body that holds byte pos, where jansson stopped (it read
+ * everything before as valid JSON): "messages[3]", "system", or "" when
+ * pos is outside any member or the key is escaped. Names the top-level
+ * member and its element only, as check_body does: keys deeper down may
+ * be conversation data.
+ */
+static void
+path_at(const char *json, size_t pos, char *out, size_t cap)
+{
+	const char *key = NULL;
+	size_t klen = 0, idx = 0;
+	int depth = 0, in_arr = 0, want_key = 0;
+	char k[HISTD_PATH_MAX];
+
+	out[0] = '\0';
+	for (size_t i = 0; i < pos; i++) {
+		size_t start;
+
+		switch (json[i]) {
+		case '"':
+			for (start = ++i; i < pos && json[i] != '"'; i++)
+				if (json[i] == '\\')
+					i++;
+			if (depth == 1 && want_key) {
+				key = json + start;
+				klen = i - start;
+				want_key = 0;
+				in_arr = 0;
+			}
+			break;
+		case '{':
+		case '[':
+			if (++depth == 1) {
+				want_key = json[i] == '{';
+			} else if (depth == 2) {
+				in_arr = json[i] == '[';
+				idx = 0;
+			}
+			break;
+		case '}':
+		case ']':
+			depth--;
+			break;
+		case ',':
+			if (depth == 1)
+				want_key = 1;
+			else if (depth == 2 && in_arr)
+				idx++;
+			break;
+		}
+	}
+	if (!key || depth < 1 || klen >= sizeof(k) || memchr(key, '\\', klen))
+		return;
+	memcpy(k, key, klen);
+	k[klen] = '\0';
+	key_text(out, cap, k);
+	if (depth >= 2 && in_arr) {
+		size_t o = strlen(out);
+
+		snprintf(out + o, cap - o, "[%zu]", idx);
 	}
 }
 
@@ -1477,6 +1545,17 @@ histd_transcript_from_json(Histd__V1__Format format, const char *json,
 			"json is not valid JSON: it is nested deeper than %u "
 			"levels (line %d, column %d)", lim->max_depth,
 			jerr.line, jerr.column);
+	if (!root && json_error_code(&jerr) == json_error_numeric_overflow) {
+		char where[HISTD_PATH_MAX];
+
+		path_at(json, jerr.position > 0 ? (size_t)jerr.position : 0,
+			where, sizeof(where));
+		return histd_error_set(HISTD_EINVALID, "%s%s %s (line %d, "
+				       "column %d)", where[0] ? where : "json",
+				       where[0] ? ":" : "",
+				       histd_json_error_why(&jerr), jerr.line,
+				       jerr.column);
+	}
 	if (!root)
 		return histd_error_set(HISTD_EINVALID, "json %s (line %d, "
 				       "column %d)", histd_json_error_why(&jerr),

@@ -400,9 +400,11 @@ imp_item(histd_imp *im, json_t *it, long k, group *g)
 			return histd_imp_fail_at(im, "name", "must be 1..128 "
 						 "bytes");
 		if (*args) {
-			if (!(v = json_loads(args, JSON_DECODE_ANY, NULL)))
-				return histd_imp_fail_at(im, "arguments",
-							 "not valid JSON");
+			json_error_t jerr;
+
+			if (!(v = json_loads(args, JSON_DECODE_ANY, &jerr)))
+				return histd_imp_fail_at(im, "arguments", "%s",
+					histd_json_error_why(&jerr));
 			json_decref(v);
 		}
 		g->tool = NULL;

@@ -96,8 +96,8 @@ wrong_types_name_the_json_path(void **state)
 		       "null,\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\","
 		       "\"function\":{\"name\":\"f\",\"arguments\":\"{SECRET\"}}"
 		       "]}]}",
-		       "messages[0].tool_calls[0].function.arguments: not valid "
-		       "JSON");
+		       "messages[0].tool_calls[0].function.arguments: is not "
+		       "valid JSON");
 	assert_invalid(C, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}"
 		       "]}", "messages[0].tool_call_id: is required");
 	assert_invalid(C, "{\"messages\":[{\"role\":\"user\",\"content\":[{"
@@ -129,6 +129,80 @@ wrong_types_name_the_json_path(void **state)
 		       "\"tool_calls\":[{\"id\":\"\",\"function\":{\"name\":"
 		       "\"f\",\"arguments\":\"{}\"}}]}]}",
 		       "messages[0].tool_calls[0].id: must be 1..128 bytes");
+}
+
+/* Numbers past what jansson holds (integers beyond 64 bits, reals beyond
+ * a double) are valid JSON: the message says out of range, not "not valid
+ * JSON", and names the member (never a key below it) or the arguments. */
+static void
+numbers_out_of_range_name_the_member(void **state)
+{
+	(void)state;
+	assert_invalid(A, "{\"messages\":[{\"role\":\"user\",\"content\":"
+		       "\"hi\"},{\"role\":\"assistant\",\"content\":[{\"type\":"
+		       "\"tool_use\",\"id\":\"t1\",\"name\":\"f\",\"input\":{"
+		       "\"SECRET\":[1,\"a,]\\\"}{\",12345678901234567890]}}]}]}",
+		       "messages[1]: holds an integer out of range (more than 64 "
+		       "bits) (line 1, column ");
+	assert_invalid(A, "{\"messages\":[{\"role\":\"assistant\",\"content\""
+		       ":[{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":\"f\","
+		       "\"input\":{\"SECRET\":-9223372036854775809}}]}]}",
+		       "messages[0]: holds an integer out of range (more than 64 "
+		       "bits)");
+	assert_invalid(G, "{\"contents\":[{\"role\":\"model\",\"parts\":["
+		       "{\"functionCall\":{\"name\":\"f\",\"args\":{\"SECRET\":"
+		       "1e400}}}]}]}",
+		       "contents[0]: holds a number out of range (too large for "
+		       "a double)");
+	assert_invalid(R, "{\"max_output_tokens\":99999999999999999999,"
+		       "\"input\":\"hi\"}",
+		       "max_output_tokens: holds an integer out of range");
+	/* Strings holding commas, brackets and escaped quotes do not move
+	 * the element count. */
+	assert_invalid(A, "{\"system\":\"x,[\",\"messages\":[\"a,]\\\",\","
+		       "{\"role\":\"user\",\"content\":[1,"
+		       "99999999999999999999]}]}",
+		       "messages[1]: holds an integer out of range");
+	assert_invalid(A, "99999999999999999999",
+		       "json holds an integer out of range");
+	/* Inside a string of arguments: the arguments are named. */
+	assert_invalid(C, "{\"messages\":[{\"role\":\"assistant\","
+		       "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+		       "\"function\":{\"name\":\"f\",\"arguments\":"
+		       "\"{\\\"SECRET\\\":12345678901234567890}\"}}]}]}",
+		       "messages[0].tool_calls[0].function.arguments: holds an "
+		       "integer out of range (more than 64 bits)");
+	assert_invalid(R, "{\"input\":[{\"type\":\"function_call\","
+		       "\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":"
+		       "\"[1e999]\"}]}",
+		       "input[0].arguments: holds a number out of range");
+	/* The phrase Append's check of tool_call.arguments uses too. */
+	{
+		static const struct {
+			const char *json, *why;
+		} w[] = {
+			{ "18446744073709551616", "holds an integer out of "
+			  "range (more than 64 bits)" },
+			{ "[-9223372036854775809]", "holds an integer out of "
+			  "range (more than 64 bits)" },
+			{ "{\"x\":1e400}", "holds a number out of range (too "
+			  "large for a double)" },
+			{ "{\"x\":", "is not valid JSON: it ends before its "
+			  "value does" },
+		};
+		json_error_t e;
+		json_t *v;
+
+		for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++) {
+			assert_null(json_loads(w[i].json, JSON_DECODE_ANY, &e));
+			assert_string_equal(histd_json_error_why(&e), w[i].why);
+		}
+		/* 2^63 - 1 and -2^63 are in range. */
+		v = json_loads("[9223372036854775807,-9223372036854775808]", 0,
+			       &e);
+		assert_non_null(v);
+		json_decref(v);
+	}
 }
 
 static char *
@@ -553,6 +627,7 @@ main(void)
 		cmocka_unit_test(malformed_json_is_invalid),
 		cmocka_unit_test(wrong_types_name_the_json_path),
 		cmocka_unit_test(deep_nesting_is_refused),
+		cmocka_unit_test(numbers_out_of_range_name_the_member),
 		cmocka_unit_test(huge_strings_are_refused),
 		cmocka_unit_test(message_count_is_limited),
 		cmocka_unit_test(every_member_of_the_wrong_type_is_handled),
