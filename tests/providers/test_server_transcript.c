@@ -97,6 +97,13 @@ import_append_export_is_lossless(void **state)
 		{ "gemini_function_calling.json",
 		  HISTD__V1__FORMAT__FORMAT_GEMINI,
 		  { "systemInstruction", "contents" } },
+		/* instructions "" and arguments "": marks on the stored
+		 * messages. */
+		{ "openai_responses_empty_instructions.json",
+		  HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  { "instructions", "input" } },
+		{ "openai_chat_empty_arguments.json",
+		  HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT, { "messages" } },
 	};
 
 	(void)state;
