@@ -836,9 +836,9 @@ summary_url(const char *base, const char *model)
 static json_t *
 summary_request(const histd_summary_call *c)
 {
-	return json_pack("{s:s, s:i, s:s, s:[{s:s, s:s}]}", "model", c->model,
-			 "max_tokens", (int)c->max_output_tokens, "system",
-			 c->instructions, "messages", "role", "user",
+	return json_pack("{s:s, s:I, s:s, s:[{s:s, s:s}]}", "model", c->model,
+			 "max_tokens", (json_int_t)c->max_output_tokens,
+			 "system", c->instructions, "messages", "role", "user",
 			 "content", c->input);
 }
 

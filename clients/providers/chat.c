@@ -909,8 +909,9 @@ json_t *
 histd_chat_summary_request(const histd_summary_call *c,
 			   const char *max_tokens_key)
 {
-	return json_pack("{s:s, s:i, s:[{s:s, s:s}, {s:s, s:s}]}", "model",
-			 c->model, max_tokens_key, (int)c->max_output_tokens,
+	return json_pack("{s:s, s:I, s:[{s:s, s:s}, {s:s, s:s}]}", "model",
+			 c->model, max_tokens_key,
+			 (json_int_t)c->max_output_tokens,
 			 "messages", "role", "system", "content",
 			 c->instructions, "role", "user", "content", c->input);
 }

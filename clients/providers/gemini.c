@@ -724,11 +724,11 @@ summary_url(const char *base, const char *model)
 static json_t *
 summary_request(const histd_summary_call *c)
 {
-	return json_pack("{s:{s:[{s:s}]}, s:[{s:s, s:[{s:s}]}], s:{s:i}}",
+	return json_pack("{s:{s:[{s:s}]}, s:[{s:s, s:[{s:s}]}], s:{s:I}}",
 			 "systemInstruction", "parts", "text",
 			 c->instructions, "contents", "role", "user", "parts",
 			 "text", c->input, "generationConfig",
-			 "maxOutputTokens", (int)c->max_output_tokens);
+			 "maxOutputTokens", (json_int_t)c->max_output_tokens);
 }
 
 static int

@@ -960,9 +960,9 @@ summary_url(const char *base, const char *model)
 static json_t *
 summary_request(const histd_summary_call *c)
 {
-	return json_pack("{s:s, s:s, s:s, s:i, s:b}", "model", c->model,
+	return json_pack("{s:s, s:s, s:s, s:I, s:b}", "model", c->model,
 			 "instructions", c->instructions, "input", c->input,
-			 "max_output_tokens", (int)c->max_output_tokens,
+			 "max_output_tokens", (json_int_t)c->max_output_tokens,
 			 "store", 0);
 }
 

@@ -56,7 +56,18 @@ text_message(Histd__V1__Role role, const char *text)
 }
 
 static histd_summarizer *
+open_sized(stub *s, const char *provider, uint32_t retries,
+	   uint32_t max_output_tokens);
+
+static histd_summarizer *
 open_on(stub *s, const char *provider, uint32_t retries)
+{
+	return open_sized(s, provider, retries, 333);
+}
+
+static histd_summarizer *
+open_sized(stub *s, const char *provider, uint32_t retries,
+	   uint32_t max_output_tokens)
 {
 	histd_http_config hc;
 	histd_provider_options o = { 0 };
@@ -69,7 +80,7 @@ open_on(stub *s, const char *provider, uint32_t retries)
 	o.model = "m1";
 	o.base_url = stub_url(s);
 	o.api_key = "k-1";
-	o.max_output_tokens = 333;
+	o.max_output_tokens = max_output_tokens;
 	o.http_config = &hc;
 	assert_int_equal(histd_provider_summarizer_open(&o, &sum), 0);
 	return sum;
@@ -122,6 +133,40 @@ every_provider_summarizes_in_its_wire_format(void **state)
 		json_decref(j);
 		free(path);
 		free(auth);
+		free(body);
+		histd_summary_result_clear(&res);
+		sum->free(sum);
+	}
+	stub_stop(s);
+}
+
+/* An output size past INT_MAX (the option is 32 bits unsigned) goes out
+ * as that number, not wrapped negative. */
+static void
+large_output_sizes_are_sent_as_they_are(void **state)
+{
+	Histd__V1__Message *msgs[1];
+	stub *s = stub_start();
+
+	(void)state;
+	msgs[0] = text_message(HISTD__V1__ROLE__ROLE_USER, "hello");
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		histd_summary_request req = { .messages = msgs,
+					      .n_messages = 1 };
+		histd_summary_result res = { 0 };
+		histd_summarizer *sum = open_sized(s, cases[i].provider, 0,
+						   3000000000u);
+		char *body;
+		json_t *j, *v;
+
+		assert_int_equal(sum->summarize(sum, &req, &res), 0);
+		body = stub_last_body(s);
+		assert_non_null(j = json_loads(body, 0, NULL));
+		v = cases[i].max_key ? json_object_get(j, cases[i].max_key)
+			: json_object_get(json_object_get(j,
+				"generationConfig"), "maxOutputTokens");
+		assert_true(json_integer_value(v) == 3000000000LL);
+		json_decref(j);
 		free(body);
 		histd_summary_result_clear(&res);
 		sum->free(sum);
@@ -326,6 +371,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(every_provider_summarizes_in_its_wire_format),
+		cmocka_unit_test(large_output_sizes_are_sent_as_they_are),
 		cmocka_unit_test(malformed_answers_are_eunavailable),
 		cmocka_unit_test(usage_counts_are_clamped),
 		cmocka_unit_test(rate_limits_and_refusals_map_to_codes),
