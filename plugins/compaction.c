@@ -24,8 +24,10 @@
  * Options:
  *   summarizer          "extractive" (default) or a provider summarizer
  *   keep_recent         messages kept verbatim, 0..1,000,000 (default 10)
- *   max_summary_tokens  1..100,000 (default 1024); passed on in
- *                       histd_reduce, so the host cuts a longer text
+ *   max_summary_tokens  1..100,000; absent: the summarizer's own (a
+ *                       provider's --<p>-max-output-tokens, else 1024).
+ *                       The bound applied is passed on in histd_reduce,
+ *                       so the host cuts a longer text
  *   auto_reduce_when    conditions joined by '|' or spaces, any of
  *                       tokens>=N  messages>=N  age>=SECONDS
  *                       (after the newest summary; a '|' needs a
@@ -197,7 +199,7 @@ c_configure(const histd_plugin_opt *o, size_t n, void **state, char *err,
 	if (!c)
 		return HISTD_ENOMEM;
 	c->keep = DEFAULT_KEEP;
-	c->max_summary_tokens = DEFAULT_SUMMARY_TOKENS;
+	/* max_summary_tokens stays 0 unless set: the summarizer's own. */
 	for (size_t i = 0; i < n && !rc; i++) {
 		if (!strcmp(o[i].key, "summarizer")) {
 			if (!histd_summarizer_exists(o[i].value)) {
@@ -286,7 +288,9 @@ wanted_cut(const struct compaction *c, const histd_reduce *r)
 			cut = n - (size_t)tail;
 	}
 	if (r->max_tokens) {
-		uint64_t fixed = r->system_tokens + c->max_summary_tokens;
+		/* Unset: the budget assumes the default summary size. */
+		uint64_t fixed = r->system_tokens + (c->max_summary_tokens ?
+			c->max_summary_tokens : DEFAULT_SUMMARY_TOKENS);
 		uint64_t avail = r->max_tokens > fixed ? r->max_tokens - fixed : 0;
 		uint64_t sum = 0;
 		size_t k = n;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "harness.h"
 #include "stub_provider.h"
@@ -53,6 +54,10 @@ setup(void **state)
 			"--gemini-model", "gemini-test",
 			"--mistral-base-url", url,
 			"--mistral-model", "mistral-test",
+			/* Reaches the request unless a session sets its
+			 * own max_summary_tokens. */
+			"--anthropic-max-output-tokens", "333",
+			"--openai-max-output-tokens", "444",
 			/* A 500 fails the call at once: no retries. */
 			"--summarizer-max-retries", "0",
 			"--shutdown-grace", "1",
@@ -85,17 +90,28 @@ teardown(void **state)
 	return rc;
 }
 
+static void create_with(tarena *a, const char *id, const char *summarizer,
+			const char *max_summary_tokens);
+
 /* A session whose pipeline is compaction with the given summarizer,
  * keeping the last 2 messages verbatim. */
 static void
 create(tarena *a, const char *id, const char *summarizer)
+{
+	create_with(a, id, summarizer, NULL);
+}
+
+/* The same, with max_summary_tokens when not NULL. */
+static void
+create_with(tarena *a, const char *id, const char *summarizer,
+	    const char *max_summary_tokens)
 {
 	Histd__V1__CreateSessionRequest *r = ta_alloc(a, sizeof(*r));
 	Histd__V1__SessionConfig *c = ta_alloc(a, sizeof(*c));
 	Histd__V1__Pipeline *pl = ta_alloc(a, sizeof(*pl));
 	Histd__V1__PluginConfig *pc = ta_alloc(a, sizeof(*pc));
 	Histd__V1__PluginConfig **pcs = ta_alloc(a, sizeof(*pcs));
-	void **opts = ta_alloc(a, 2 * sizeof(void *));
+	void **opts = ta_alloc(a, 3 * sizeof(void *));
 	Histd__V1__Session *out = NULL;
 	histd_status st;
 
@@ -111,6 +127,10 @@ create(tarena *a, const char *id, const char *summarizer)
 			   "keep_recent", "2");
 	pc->options = (Histd__V1__PluginConfig__OptionsEntry **)opts;
 	pc->n_options = 2;
+	if (max_summary_tokens)
+		opts[pc->n_options++] = tm_entry(a,
+			&histd__v1__plugin_config__options_entry__descriptor,
+			"max_summary_tokens", max_summary_tokens);
 	pcs[0] = pc;
 	pl->plugins = pcs;
 	pl->n_plugins = 1;
@@ -379,6 +399,58 @@ provider_refusals_are_failed_precondition(void **state)
 	ta_free(a);
 }
 
+/* The output size a Reduce asks the provider for, from the body the stub
+ * received last. */
+static long long
+last_max_tokens(const char *key)
+{
+	char *body = stub_last_body(provider);
+	json_t *j = json_loads(body, 0, NULL), *v;
+	long long n;
+
+	assert_non_null(j);
+	v = strcmp(key, "maxOutputTokens") ? json_object_get(j, key)
+		: json_object_get(json_object_get(j, "generationConfig"), key);
+	assert_true(json_is_integer(v));
+	n = json_integer_value(v);
+	json_decref(j);
+	free(body);
+	return n;
+}
+
+/* The output size: a session's max_summary_tokens, else the provider's
+ * --<p>-max-output-tokens, else 1024. */
+static void
+max_output_tokens_precedence(void **state)
+{
+	static const struct {
+		const char *summarizer, *session, *key;
+		long long want;
+	} cases[] = {
+		{ "anthropic", NULL, "max_tokens", 333 },
+		{ "anthropic", "55", "max_tokens", 55 },
+		{ "openai_chat", NULL, "max_completion_tokens", 444 },
+		{ "openai_responses", NULL, "max_output_tokens", 444 },
+		{ "openai_responses", "66", "max_output_tokens", 66 },
+		{ "gemini", NULL, "maxOutputTokens", 1024 },
+		{ "mistral", "77", "max_tokens", 77 },
+	};
+	tarena *a = ta_new();
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		Histd__V1__ReduceResponse *rr;
+		char *id = ta_printf(a, "maxout-%zu", i);
+
+		create_with(a, id, cases[i].summarizer, cases[i].session);
+		fill(a, id);
+		assert_int_equal(reduce(id, &rr, NULL), GRPC_STATUS_OK);
+		histd_client_message_free((ProtobufCMessage *)rr);
+		assert_int_equal(last_max_tokens(cases[i].key), cases[i].want);
+	}
+	ta_free(a);
+}
+
 static void
 an_unconfigured_provider_fails_naming_its_key_variable(void **state)
 {
@@ -585,6 +657,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(
 			a_provider_500_leaves_history_unchanged_and_reports_plugin_error),
 		cmocka_unit_test(provider_refusals_are_failed_precondition),
+		cmocka_unit_test(max_output_tokens_precedence),
 		cmocka_unit_test(
 			an_unconfigured_provider_fails_naming_its_key_variable),
 		cmocka_unit_test(the_server_log_never_holds_an_api_key),
