@@ -124,6 +124,7 @@ ps_summarize(histd_summarizer *s, const histd_summary_request *req,
 			return histd_error_set(HISTD_ENOMEM, "out of memory");
 		}
 	}
+	res.max_output_tokens = call.max_output_tokens;
 	*out = res;
 	return 0;
 }

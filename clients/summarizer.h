@@ -43,6 +43,9 @@ typedef struct histd_summary_result {
 	char *model;           /* malloc'ed; which model (or "extractive") */
 	uint32_t input_tokens; /* usage as the provider reported it (0 if none) */
 	uint32_t output_tokens;
+	/* The output bound the summarizer asked for or kept to (the
+	 * request's, else its own default); 0 if none. */
+	uint32_t max_output_tokens;
 } histd_summary_result;
 
 typedef struct histd_summarizer histd_summarizer;

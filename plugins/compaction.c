@@ -375,7 +375,9 @@ c_reduce(void *state, histd_reduce *r)
 	r->model = res.model;
 	r->input_tokens = res.input_tokens;
 	r->output_tokens = res.output_tokens;
-	r->max_summary_tokens = (uint32_t)c->max_summary_tokens;
+	/* The bound the summarizer applied: the session's, else its own. */
+	r->max_summary_tokens = res.max_output_tokens ? res.max_output_tokens
+			      : (uint32_t)c->max_summary_tokens;
 	return 0;
 }
 

@@ -325,6 +325,7 @@ ex_summarize(histd_summarizer *self, const histd_summary_request *req,
 	memset(out, 0, sizeof(*out));
 	out->text = text;
 	out->model = strdup("extractive");
+	out->max_output_tokens = max;
 	if (!out->model) {
 		free(text);
 		out->text = NULL;
