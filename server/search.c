@@ -343,9 +343,11 @@ semantic(histd_driver *d, const histd_search_query *base, scope *sc, plan *p)
 			}
 		rc = e->embed(e->ctx, sc->v[i].provider, sc->v[i].model,
 			      base->text, &v, &dim, &model_out);
-		if (rc == HISTD_EUNAVAILABLE || rc == HISTD_EINVALID) {
-			/* The provider cannot be reached: these sessions are
-			 * searched by their words. */
+		if (rc == HISTD_EUNAVAILABLE || rc == HISTD_EINVALID ||
+		    rc == HISTD_EPRECONDITION) {
+			/* The provider cannot be reached, or refused histd's
+			 * key or request: these sessions are searched by
+			 * their words. */
 			for (size_t j = 0; j < n; j++)
 				p->fallback[p->n_fallback++] = (char *)ids[j];
 			rc = 0;

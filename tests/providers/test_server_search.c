@@ -492,6 +492,30 @@ late_embeddings_are_backfilled_by_a_semantic_search(void **state)
 	ta_free(a);
 }
 
+/* A provider that refuses histd's key for the query's embedding: the
+ * session is searched by its words and listed as a fallback, not an
+ * error for the caller. */
+static void
+a_refused_query_embedding_falls_back_to_words(void **state)
+{
+	tarena *a = ta_new();
+	Histd__V1__SearchResponse *s;
+
+	(void)state;
+	create(a, "refused", "openai", "");
+	append_each(a, "refused", code, N(code));
+	wait_vectors(a, "refused", N(code));
+	stub_push(provider, (stub_reply){ .status = 401, .retry_after = -1 });
+	s = search(a, "refused", "malloc", 10,
+		   HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC);
+	assert_int_equal(s->mode, HISTD__V1__SEARCH_MODE__SEARCH_MODE_LEXICAL);
+	assert_int_equal(s->n_lexical_fallback_sessions, 1);
+	assert_string_equal(s->lexical_fallback_sessions[0], "refused");
+	assert_true(s->n_hits > 0);
+	histd_client_message_free(&s->base);
+	ta_free(a);
+}
+
 static void
 vectors_survive_a_restart_of_the_file_driver(void **state)
 {
@@ -521,6 +545,7 @@ main(int argc, char **argv)
 		M(hybrid_fuses_words_and_meaning),
 		M(appends_do_not_wait_for_the_provider),
 		M(late_embeddings_are_backfilled_by_a_semantic_search),
+		M(a_refused_query_embedding_falls_back_to_words),
 		F(semantic_finds_known_nearest_neighbours_per_provider),
 		F(semantic_lists_sessions_without_embeddings_as_fallback),
 		F(appends_do_not_wait_for_the_provider),
