@@ -495,7 +495,12 @@ load_yaml(histd_config *cfg, const char *path)
 		case YAML_MAPPING_START_EVENT:
 		case YAML_SEQUENCE_START_EVENT:
 			depth++;
-			if (depth > 1) {
+			if (depth == 1 && ev.type != YAML_MAPPING_START_EVENT) {
+				fprintf(stderr, "histd: config file %s: line %zu:"
+					" must be a mapping of option keys to "
+					"values\n", path, ev.start_mark.line + 1);
+				rc = -1;
+			} else if (depth > 1) {
 				fprintf(stderr, "histd: config file %s: line %zu:"
 					" values must be scalars\n", path,
 					ev.start_mark.line + 1);
@@ -509,6 +514,13 @@ load_yaml(histd_config *cfg, const char *path)
 		case YAML_SCALAR_EVENT: {
 			const char *s = (const char *)ev.data.scalar.value;
 
+			if (depth == 0) {
+				fprintf(stderr, "histd: config file %s: line %zu:"
+					" must be a mapping of option keys to "
+					"values\n", path, ev.start_mark.line + 1);
+				rc = -1;
+				break;
+			}
 			if (depth != 1)
 				break;
 			if (!key) {
@@ -537,6 +549,12 @@ load_yaml(histd_config *cfg, const char *path)
 			}
 			break;
 		}
+		case YAML_ALIAS_EVENT:
+			fprintf(stderr, "histd: config file %s: line %zu: "
+				"aliases (*name) are not supported; write the "
+				"value\n", path, ev.start_mark.line + 1);
+			rc = -1;
+			break;
 		case YAML_STREAM_END_EVENT:
 			done = 1;
 			break;

@@ -263,11 +263,13 @@ embedder_open(histd_embedder **out, histd_driver *drv, const histd_config *cfg,
 		{ "mistral", cfg->mistral.base_url, cfg->mistral.api_key_env },
 	};
 
-	if (histd_embedder_new(out, drv, &cfg->embedding, http, prov,
-			       sizeof(prov) / sizeof(prov[0])) != 0) {
+	int rc = histd_embedder_new(out, drv, &cfg->embedding, http, prov,
+				    sizeof(prov) / sizeof(prov[0]));
+
+	if (rc != 0) {
 		histd_log(HISTD_LOG_ERROR, "cannot start embeddings",
 			  "error", histd_error_message(), NULL);
-		return -1;
+		return rc;
 	}
 	if (*cfg->embedding.provider)
 		histd_log(HISTD_LOG_INFO, "embeddings ready", "provider",
@@ -291,6 +293,10 @@ main(int argc, char **argv)
 	histd_embedder *emb = NULL;
 	sigset_t sigs;
 	int rc, port = 0, mport = 0, sig = 0;
+	/* A bad option found only as it is used (a default pipeline naming
+	 * no plugin, an embedding provider without its key): exit 2, as
+	 * config.c's checks do. */
+	int bad_option = 0;
 	char portbuf[16];
 
 	rc = histd_config_load(&cfg, argc, argv);
@@ -330,8 +336,14 @@ main(int argc, char **argv)
 			  "error", histd_error_message(), NULL);
 		goto out;
 	}
-	if (mport && cfg.metrics_port_file && *cfg.metrics_port_file)
-		write_port_file(cfg.metrics_port_file, mport);
+	if (mport && cfg.metrics_port_file && *cfg.metrics_port_file &&
+	    write_port_file(cfg.metrics_port_file, mport) != 0) {
+		histd_log(HISTD_LOG_ERROR, "cannot write metrics port file",
+			  "path", cfg.metrics_port_file, "error",
+			  strerror(errno), NULL);
+		rc = -1;
+		goto out;
+	}
 	rc = histd_driver_open(cfg.driver, &dcfg, &drv);
 	if (rc != 0) {
 		histd_log(HISTD_LOG_ERROR, "cannot open storage",
@@ -354,9 +366,10 @@ main(int argc, char **argv)
 		hook.hub = hub;
 		histd_driver_set_notify(drv, change_both, &hook);
 		rc = histd_context_new(&ctx, drv, &cfg.context);
+		bad_option = rc == HISTD_EINVALID;
 	}
-	if (rc == 0 && embedder_open(&emb, drv, &cfg, sums.http) != 0) {
-		rc = -1;
+	if (rc == 0 && (rc = embedder_open(&emb, drv, &cfg, sums.http))) {
+		bad_option = rc == HISTD_EINVALID;
 		goto out;
 	}
 	if (rc == 0) {
@@ -426,5 +439,5 @@ out:
 	if (rc == 0)
 		histd_log(HISTD_LOG_INFO, "stopped", NULL);
 	histd_config_free(&cfg);
-	return rc == 0 ? 0 : 1;
+	return rc == 0 ? 0 : bad_option ? 2 : 1;
 }

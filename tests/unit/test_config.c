@@ -184,7 +184,8 @@ unknown_yaml_key_is_refused(void **state)
 	unlink(path);
 }
 
-/* The file is a flat mapping: nothing in it may hide another value. */
+/* The file is one flat mapping of scalars: nothing in it may hide
+ * another value or be read as something else. */
 static void
 repeated_yaml_key_or_document_is_refused(void **state)
 {
@@ -192,6 +193,11 @@ repeated_yaml_key_or_document_is_refused(void **state)
 		"max_messages_per_append: 3\nmax_messages_per_append: 6\n",
 		"max_messages_per_append: 3\n---\nmax_messages_per_append: 6\n",
 		"---\nlisten: 127.0.0.1:5\n---\n",
+		/* Not a mapping: a list would be read as pairs. */
+		"- max_messages_per_append\n- 6\n",
+		"max_messages_per_append\n",
+		/* An alias would leave its key without a value. */
+		"replay_max: &n 7\nmax_page_size: *n\n",
 	};
 	histd_config cfg;
 

@@ -1,0 +1,38 @@
+#!/bin/sh
+# Options that are wrong only as histd uses them stop it at start with a
+# line naming them: a default pipeline that does not parse and an
+# embedding provider without its key exit 2, as every bad option does; a
+# metrics port file that cannot be written exits 1 (the file system, not
+# the option), like --port-file.
+#   start_errors.sh HISTD
+histd=$1
+dir=$(mktemp -d /tmp/histd-start-XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+fail=0
+
+# expect CODE PATTERN ARGS...: histd exits CODE and its output holds PATTERN.
+expect() {
+	code=$1 pattern=$2
+	shift 2
+	timeout 30 "$histd" --auth-disabled --driver memory \
+		--listen 127.0.0.1:0 "$@" >"$dir/out" 2>&1
+	rc=$?
+	if [ $rc -ne "$code" ]; then
+		echo "histd $*: exit $rc, expected $code"
+		cat "$dir/out"
+		fail=1
+	elif ! grep -q -- "$pattern" "$dir/out"; then
+		echo "histd $*: no '$pattern' in its output:"
+		cat "$dir/out"
+		fail=1
+	fi
+}
+
+expect 2 "default-pipeline" --default-pipeline "nosuch:x=1"
+expect 2 "default-pipeline" --default-pipeline "window:max_tokens=-5"
+unset OPENAI_API_KEY HISTD_TEST_NO_KEY
+expect 2 "HISTD_TEST_NO_KEY" --embedding-provider openai \
+	--openai-api-key-env HISTD_TEST_NO_KEY
+expect 1 "cannot write metrics port file" --metrics-listen 127.0.0.1:0 \
+	--metrics-port-file "$dir/missing/dir/port"
+exit $fail
