@@ -125,8 +125,9 @@ static const struct opt opts[] = {
 	{ "tls-client-ca", OPT_STR, OFF(tls_client_ca), "",
 	  "PEM CA: require client certificates it signed (mutual TLS)" },
 	{ "api-keys-file", OPT_STR, OFF(api_keys_file), "",
-	  "API keys, one 'KEY TENANT [read-only]' per line (reloaded when it\n"
-	  "      changes); callers send 'authorization: Bearer KEY'" },
+	  "API keys, one 'KEY TENANT [read-only|read-write]' per line\n"
+	  "      (reloaded when it changes); callers send 'authorization:\n"
+	  "      Bearer KEY'" },
 	{ "auth-disabled", OPT_BOOL, OFF(auth_disabled), "false",
 	  "serve without authentication (every call is tenant 'default');\n"
 	  "      needed when no api-keys-file is given" },

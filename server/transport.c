@@ -304,8 +304,11 @@ histd_call_caller(struct histd_call *c, histd_caller *who, int count)
 				break;
 			}
 		if ((rc = histd_auth_check(s->auth, header, len, &who->tenant,
-					   &who->read_only)))
+					   &who->read_only))) {
+			/* No tenant: logs must not say "default". */
+			who->tenant = "";
 			return rc;
+		}
 	}
 	if (!count)
 		return 0;

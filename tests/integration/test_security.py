@@ -7,6 +7,7 @@ client while another keeps being served.
     /usr/bin/python3 tests/integration/test_security.py --histd build/server/histd --proto-dir proto
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -260,5 +261,10 @@ finally:
 check(rc == 0, "histd exits 0")
 logtext = open(log_path).read()
 check(all(k not in logtext for k in (KEY_A, KEY_A_RO, KEY_B, KEY_C)), "keys are never logged")
+refused = [json.loads(l) for l in logtext.splitlines()
+           if '"msg":"rpc"' in l and '"UNAUTHENTICATED"' in l]
+check(refused and all(r.get("tenant") == "" for r in refused),
+      "a call refused UNAUTHENTICATED is logged with no tenant, never 'default' (%d lines)"
+      % len(refused))
 print("%d passed, %d failed" % (len(passes), len(failures)))
 sys.exit(1 if failures else 0)
