@@ -734,16 +734,18 @@ static int cmd_list(ctl *c, args *a)
 		json_object_set(req, "label_selector", a->labels);
 	if ((rc = request_from_json(&histd__v1__list_sessions_request__descriptor, req, &msg)))
 		goto out;
-	if (!c->json)
-		printf("%-36s  %8s  %8s  %8s  %-27s  %s\n", "ID", "MESSAGES", "TOKENS",
-		       "REVISION", "UPDATED", "LABELS");
-	for (;;) {
+	for (int page = 0;; page++) {
 		Histd__V1__ListSessionsRequest *lr = (Histd__V1__ListSessionsRequest *)msg;
 		Histd__V1__ListSessionsResponse *r = NULL;
 		rc = call(c, HISTD_PATH("ListSessions"), lr,
 			  &histd__v1__list_sessions_response__descriptor, &r);
 		if (rc)
 			break;
+		/* The header once the first page came: a failed call prints
+		 * its error alone. */
+		if (!c->json && page == 0)
+			printf("%-36s  %8s  %8s  %8s  %-27s  %s\n", "ID", "MESSAGES",
+			       "TOKENS", "REVISION", "UPDATED", "LABELS");
 		for (size_t i = 0; i < r->n_sessions && (!a->has_limit || shown < a->limit); i++, shown++) {
 			const Histd__V1__Session *s = r->sessions[i];
 			if (c->json) {

@@ -140,10 +140,11 @@ expect_exit "a missing session id is a usage error" 2 get
 expect_exit "help exits 0" 0 help
 check "help text names every command" grep -q "tail ID" "$dir/out"
 expect_exit "health of a serving server is 0" 0 health
-"$histctl" --target 127.0.0.1:1 --timeout 2 list >/dev/null 2>"$dir/err"
+"$histctl" --target 127.0.0.1:1 --timeout 2 list >"$dir/listout" 2>"$dir/err"
 rc=$?
 check "an unreachable server is exit 7 (UNAVAILABLE)" [ "$rc" -eq 7 ]
 check "errors are one line on stderr" [ "$(wc -l <"$dir/err")" -eq 1 ]
+check "a failed list prints no table header" [ ! -s "$dir/listout" ]
 sid2=$(ctl create)
 expect_exit "export with an unknown format is a usage error" 2 export "$sid2" --format klingon
 "$histctl" --target "$target" export "$sid2" --format openai-chat >/dev/null 2>&1
