@@ -943,9 +943,20 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 		/* A bad frame: a torn tail only if nothing valid follows,
 		 * and only in the last log. */
 		if (!last || snapshot || hf_frame_find(p + off + 1, size - off - 1)) {
-			rc = corrupt(&r, fs == HF_FRAME_SHORT
-					 ? "is cut short and followed by valid records"
-					 : "fails its checksum");
+			const char *why = "fails its checksum";
+
+			/* Cut short: by the end of a file that should be
+			 * whole (a snapshot, a log before the last), or
+			 * with valid records after it in the last log. */
+			if (fs == HF_FRAME_SHORT)
+				why = snapshot ? "is cut short: the snapshot "
+					"ends inside it"
+				    : !last ? "is cut short: the log ends "
+					"inside it, and a log before the last "
+					"is always whole"
+				    : "is cut short and followed by valid "
+					"records";
+			rc = corrupt(&r, why);
 			goto out;
 		}
 		if ((rc = cut_tail(&r, fd, off, size, HF_LOG_WARN, TORN)))

@@ -921,6 +921,8 @@ corrupted_snapshot_refuses_to_open(void **state)
 	/* Cut short: refused too (a snapshot is renamed only once whole). */
 	write_file(snap, bytes, len - 1);
 	assert_int_equal(dopen(dir, "always", &d), HISTD_ECORRUPT);
+	assert_non_null(strstr(histd_error_message(),
+			       "cut short: the snapshot ends inside it"));
 	/* A missing log generation is refused. */
 	write_file(snap, bytes, len);
 	path_in(path, sizeof(path), dir, "log-0000000000000002.hsd");
