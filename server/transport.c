@@ -238,7 +238,13 @@ deadline_mono_us(struct histd_call *c)
 			 gpr_inf_future(c->deadline.clock_type)) == 0)
 		return 0;
 	left = gpr_time_sub(c->deadline, now);
-	return histd_mono_us() + gpr_time_to_millis(left) * 1000;
+	/* A deadline a year or more away is as good as none. */
+	if (left.tv_sec >= 365 * 86400)
+		return 0;
+	if (left.tv_sec < 0)
+		return histd_mono_us() - 1;
+	return histd_mono_us() + (int64_t)left.tv_sec * 1000000 +
+	       left.tv_nsec / 1000;
 }
 
 /* The request id for logs: the client's x-request-id (printable, at most

@@ -517,6 +517,36 @@ reduce_thread(void *arg)
 	return NULL;
 }
 
+/* A Reduce with a deadline hours away runs (the deadline's conversion
+ * once overflowed 32 bits past 35 minutes and read as passed). */
+static void
+a_reduce_with_a_distant_deadline_runs(void **state)
+{
+	static const int hours[] = { 1, 2, 24 * 20 };
+	tarena *a = ta_new();
+	Histd__V1__ReduceRequest r;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(hours) / sizeof(hours[0]); i++) {
+		char *id = ta_printf(a, "far%zu", i);
+		ProtobufCMessage *out = NULL;
+		histd_status st;
+
+		create(a, id, "extractive");
+		fill(a, id);
+		histd__v1__reduce_request__init(&r);
+		r.session_id = id;
+		histd_status_init(&st);
+		histd_client_unary(client, "/histd.v1.HistoryService/Reduce",
+				   &r.base, &histd__v1__reduce_response__descriptor,
+				   hours[i] * 3600 * 1000, NULL, &out, &st);
+		assert_status(&st, GRPC_STATUS_OK);
+		histd_status_reset(&st);
+		histd_client_message_free(out);
+	}
+	ta_free(a);
+}
+
 struct stuck_reduce {
 	const char *id;
 	grpc_status_code code;
@@ -661,6 +691,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(
 			an_unconfigured_provider_fails_naming_its_key_variable),
 		cmocka_unit_test(the_server_log_never_holds_an_api_key),
+		cmocka_unit_test(a_reduce_with_a_distant_deadline_runs),
 		cmocka_unit_test(
 			reduces_stuck_on_a_provider_hold_no_queue_thread),
 		cmocka_unit_test(shutdown_abandons_a_provider_call_after_the_grace),
