@@ -495,10 +495,20 @@ histd_http_post(histd_http *h, const char *url, const char *const *headers,
 			 * try's error, as at the deadline check above. */
 			break;
 		}
-		/* The slot wait came out of the deadline. */
+		/* The slot wait came out of the deadline; a slot that came
+		 * at the deadline is given back unused. */
 		left = deadline - now_ms();
+		if (left <= 0) {
+			release(h, c);
+			if (!rc)
+				rc = histd_error_set(HISTD_EUNAVAILABLE,
+					"provider call exceeded its deadline "
+					"waiting for one of %u connection "
+					"slots", h->cfg.max_concurrent);
+			break;
+		}
 		if (left < per)
-			per = left > 0 ? (long)left : 1;
+			per = (long)left;
 		attempt++;
 		curl_easy_reset(c);
 		curl_easy_setopt(c, CURLOPT_URL, url);
