@@ -124,7 +124,11 @@ ps_summarize(histd_summarizer *s, const histd_summary_request *req,
 			return histd_error_set(HISTD_ENOMEM, "out of memory");
 		}
 	}
-	res.max_output_tokens = call.max_output_tokens;
+	/* The host cuts a text past this many tokens of histd's estimate.
+	 * The provider counts its own tokens, which the estimate can
+	 * exceed (non-Latin scripts): cut only far past what was asked. */
+	res.max_output_tokens = call.max_output_tokens > UINT32_MAX / 2
+		? UINT32_MAX : call.max_output_tokens * 2;
 	*out = res;
 	return 0;
 }

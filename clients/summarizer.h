@@ -43,8 +43,10 @@ typedef struct histd_summary_result {
 	char *model;           /* malloc'ed; which model (or "extractive") */
 	uint32_t input_tokens; /* usage as the provider reported it (0 if none) */
 	uint32_t output_tokens;
-	/* The output bound the summarizer asked for or kept to (the
-	 * request's, else its own default); 0 if none. */
+	/* The most tokens (tokens.h estimate) the text should hold, from
+	 * the bound the summarizer kept to or asked the provider for (with
+	 * room for the provider's own counting); 0 if none. The host cuts a
+	 * longer text. */
 	uint32_t max_output_tokens;
 } histd_summary_result;
 

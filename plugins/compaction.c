@@ -365,6 +365,10 @@ c_reduce(void *state, histd_reduce *r)
 	req.n_messages = cut;
 	req.prompt = c->prompt;
 	req.max_output_tokens = (uint32_t)c->max_summary_tokens;
+	/* A max_tokens bound planned room for the default summary size:
+	 * ask for that, not a larger --<p>-max-output-tokens. */
+	if (!req.max_output_tokens && r->max_tokens)
+		req.max_output_tokens = DEFAULT_SUMMARY_TOKENS;
 	req.timeout_ms = (uint32_t)c->timeout_ms;
 	rc = s->summarize(s, &req, &res);
 	s->free(s);
