@@ -192,6 +192,7 @@ summarizers_open(summarizers *z, const histd_config *cfg)
 		{ "gemini", "gemini", "gemini", &cfg->gemini, NULL },
 		{ "mistral", "mistral", "mistral", &cfg->mistral, NULL },
 	};
+	int rc;
 
 	memset(z, 0, sizeof(*z));
 	if (histd_http_new(&z->http, &cfg->summarizer_http) != 0) {
@@ -215,13 +216,13 @@ summarizers_open(summarizers *z, const histd_config *cfg)
 		o.max_output_tokens = c->max_output_tokens;
 		o.timeout_ms = c->timeout_ms;
 		o.http = z->http;
-		if (histd_provider_summarizer_open(&o, &sl->s) != 0) {
+		if ((rc = histd_provider_summarizer_open(&o, &sl->s)) != 0) {
 			/* The message names the variable, never the key. */
 			histd_log(HISTD_LOG_ERROR, "cannot open summarizer",
 				  "summarizer", sl->name,
 				  "error", histd_error_message(), NULL);
 			summarizers_free(z);
-			return -1;
+			return rc;
 		}
 		histd_log(HISTD_LOG_INFO, "summarizer ready", "summarizer",
 			  sl->name, "model", c->model, NULL);
@@ -294,8 +295,8 @@ main(int argc, char **argv)
 	sigset_t sigs;
 	int rc, port = 0, mport = 0, sig = 0;
 	/* A bad option found only as it is used (a default pipeline naming
-	 * no plugin, an embedding provider without its key): exit 2, as
-	 * config.c's checks do. */
+	 * no plugin, a summarizer or embedding provider without its key):
+	 * exit 2, as config.c's checks do. */
 	int bad_option = 0;
 	char portbuf[16];
 
@@ -352,8 +353,9 @@ main(int argc, char **argv)
 		goto out;
 	}
 	rc = histd_hub_new(&hub, &cfg.hub);
-	if (rc == 0 && summarizers_open(&sums, &cfg) != 0) {
-		rc = -1;
+	if (rc == 0 && (rc = summarizers_open(&sums, &cfg))) {
+		/* A model configured without its API key. */
+		bad_option = rc == HISTD_EINVALID;
 		goto out;
 	}
 	if (rc == 0) {

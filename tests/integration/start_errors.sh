@@ -1,7 +1,8 @@
 #!/bin/sh
 # Options that are wrong only as histd uses them stop it at start with a
-# line naming them: a default pipeline that does not parse and an
-# embedding provider without its key exit 2, as every bad option does; a
+# line naming them: a default pipeline that does not parse, and a
+# summarizer or embedding provider without its key, exit 2, as every bad
+# option does; a
 # metrics port file that cannot be written exits 1 (the file system, not
 # the option), like --port-file.
 #   start_errors.sh HISTD
@@ -33,6 +34,9 @@ expect 2 "default-pipeline" --default-pipeline "window:max_tokens=-5"
 unset OPENAI_API_KEY HISTD_TEST_NO_KEY
 expect 2 "HISTD_TEST_NO_KEY" --embedding-provider openai \
 	--openai-api-key-env HISTD_TEST_NO_KEY
+unset HISTD_TEST_NO_KEY2
+expect 2 "HISTD_TEST_NO_KEY2" --anthropic-model claude-test \
+	--anthropic-api-key-env HISTD_TEST_NO_KEY2
 expect 1 "cannot write metrics port file" --metrics-listen 127.0.0.1:0 \
 	--metrics-port-file "$dir/missing/dir/port"
 exit $fail
