@@ -515,6 +515,12 @@ load_yaml(histd_config *cfg, const char *path)
 		case YAML_SCALAR_EVENT: {
 			const char *s = (const char *)ev.data.scalar.value;
 
+			/* An empty document ("---" alone, comments, "~")
+			 * sets nothing. */
+			if (depth == 0 &&
+			    ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+			    (!*s || !strcmp(s, "~") || !strcmp(s, "null")))
+				break;
 			if (depth == 0) {
 				fprintf(stderr, "histd: config file %s: line %zu:"
 					" must be a mapping of option keys to "

@@ -216,6 +216,31 @@ repeated_yaml_key_or_document_is_refused(void **state)
 	}
 }
 
+/* An empty document sets nothing: a template of comments is fine. */
+static void
+empty_yaml_document_sets_nothing(void **state)
+{
+	const char *texts[] = { "", "# comments only\n", "---\n",
+				"--- # nothing yet\n", "~\n" };
+	histd_config cfg;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(texts) / sizeof(*texts); i++) {
+		char path[] = "/tmp/histd-config-XXXXXX";
+		int fd = mkstemp(path);
+		FILE *f = fdopen(fd, "w");
+		char *argv[] = { "histd", "--auth-disabled", "--config", path };
+
+		fputs(texts[i], f);
+		fclose(f);
+		if (load(&cfg, 4, argv) != 0)
+			fail_msg("'%s' refused", texts[i]);
+		assert_int_equal(cfg.service.max_page_size, 1000);
+		histd_config_free(&cfg);
+		unlink(path);
+	}
+}
+
 static void
 help_returns_one(void **state)
 {
@@ -262,6 +287,7 @@ main(void)
 		cmocka_unit_test(zero_is_refused_where_one_is_the_least),
 		cmocka_unit_test(unknown_yaml_key_is_refused),
 		cmocka_unit_test(repeated_yaml_key_or_document_is_refused),
+		cmocka_unit_test(empty_yaml_document_sets_nothing),
 		cmocka_unit_test(help_returns_one),
 		cmocka_unit_test(every_error_maps_to_its_status),
 	};
