@@ -344,10 +344,10 @@ semantic(histd_driver *d, const histd_search_query *base, scope *sc, plan *p)
 		rc = e->embed(e->ctx, sc->v[i].provider, sc->v[i].model,
 			      base->text, &v, &dim, &model_out);
 		if (rc == HISTD_EUNAVAILABLE || rc == HISTD_EINVALID ||
-		    rc == HISTD_EPRECONDITION) {
-			/* The provider cannot be reached, or refused histd's
-			 * key or request: these sessions are searched by
-			 * their words. */
+		    rc == HISTD_EPRECONDITION || rc == HISTD_ELIMIT) {
+			/* The provider cannot be reached, refused histd's key
+			 * or request, or is rate limiting it: these sessions
+			 * are searched by their words. */
 			for (size_t j = 0; j < n; j++)
 				p->fallback[p->n_fallback++] = (char *)ids[j];
 			rc = 0;
