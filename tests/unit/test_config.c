@@ -184,6 +184,24 @@ unknown_yaml_key_is_refused(void **state)
 	unlink(path);
 }
 
+/* Loads a config file holding text (and --auth-disabled); load's code. */
+static int
+load_yaml_text(histd_config *cfg, const char *text)
+{
+	char path[] = "/tmp/histd-config-XXXXXX";
+	int fd = mkstemp(path);
+	FILE *f = fdopen(fd, "w");
+	char *argv[] = { "histd", "--auth-disabled", "--config", path };
+	int rc;
+
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+	rc = load(cfg, 4, argv);
+	unlink(path);
+	return rc;
+}
+
 /* The file is one flat mapping of scalars: nothing in it may hide
  * another value or be read as something else. */
 static void
@@ -203,16 +221,8 @@ repeated_yaml_key_or_document_is_refused(void **state)
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(texts) / sizeof(*texts); i++) {
-		char path[] = "/tmp/histd-config-XXXXXX";
-		int fd = mkstemp(path);
-		FILE *f = fdopen(fd, "w");
-		char *argv[] = { "histd", "--auth-disabled", "--config", path };
-
-		fputs(texts[i], f);
-		fclose(f);
-		assert_int_equal(load(&cfg, 4, argv), -1);
+		assert_int_equal(load_yaml_text(&cfg, texts[i]), -1);
 		histd_config_free(&cfg);
-		unlink(path);
 	}
 }
 
@@ -226,18 +236,10 @@ empty_yaml_document_sets_nothing(void **state)
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(texts) / sizeof(*texts); i++) {
-		char path[] = "/tmp/histd-config-XXXXXX";
-		int fd = mkstemp(path);
-		FILE *f = fdopen(fd, "w");
-		char *argv[] = { "histd", "--auth-disabled", "--config", path };
-
-		fputs(texts[i], f);
-		fclose(f);
-		if (load(&cfg, 4, argv) != 0)
+		if (load_yaml_text(&cfg, texts[i]) != 0)
 			fail_msg("'%s' refused", texts[i]);
 		assert_int_equal(cfg.service.max_page_size, 1000);
 		histd_config_free(&cfg);
-		unlink(path);
 	}
 }
 
