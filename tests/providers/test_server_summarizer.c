@@ -451,6 +451,55 @@ max_output_tokens_precedence(void **state)
 	ta_free(a);
 }
 
+/* Without a session max_summary_tokens: a Reduce bounded by max_tokens
+ * asks for the 1024 tokens it planned room for, not the flag's 333; and
+ * a provider answer far past what was asked is cut, but only above twice
+ * that (the provider counts its own tokens). */
+static void
+provider_summaries_keep_to_what_was_planned(void **state)
+{
+	tarena *a = ta_new();
+	Histd__V1__ReduceRequest r;
+	Histd__V1__ReduceResponse *rr = NULL;
+	histd_status st;
+	size_t words = 4000, len;
+	char *body, *text = malloc(words * 5 + 1);
+
+	(void)state;
+	assert_non_null(text);
+	for (size_t i = 0; i < words; i++)
+		memcpy(text + i * 5, "word ", 5);
+	text[words * 5 - 1] = '\0';
+	body = ta_printf(a, "{\"id\":\"msg_long\",\"type\":\"message\","
+			 "\"role\":\"assistant\",\"model\":\"claude-stub\","
+			 "\"content\":[{\"type\":\"text\",\"text\":\"%s\"}],"
+			 "\"stop_reason\":\"end_turn\",\"usage\":"
+			 "{\"input_tokens\":11,\"output_tokens\":4000}}", text);
+	free(text);
+
+	create(a, "planned", "anthropic");
+	fill(a, "planned");
+	stub_push(provider, (stub_reply){ .retry_after = -1, .body = body });
+	histd__v1__reduce_request__init(&r);
+	r.session_id = "planned";
+	/* Small: the plan must cover messages to fit. */
+	r.max_tokens = 1100;
+	histd_status_init(&st);
+	t_call(client, "Reduce", &r, &histd__v1__reduce_response__descriptor,
+	       &rr, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_status_reset(&st);
+	assert_int_equal(last_max_tokens("max_tokens"), 1024);
+	assert_non_null(rr->summary);
+	len = strlen(rr->summary->text);
+	/* Cut (20,000 bytes came), and not to the 1024 tokens asked for
+	 * (about 4 bytes each): to twice that. */
+	if (len >= words * 5 - 1 || len <= 1024 * 4)
+		fail_msg("summary of %zu bytes", len);
+	histd_client_message_free((ProtobufCMessage *)rr);
+	ta_free(a);
+}
+
 static void
 an_unconfigured_provider_fails_naming_its_key_variable(void **state)
 {
@@ -688,6 +737,7 @@ main(int argc, char **argv)
 			a_provider_500_leaves_history_unchanged_and_reports_plugin_error),
 		cmocka_unit_test(provider_refusals_are_failed_precondition),
 		cmocka_unit_test(max_output_tokens_precedence),
+		cmocka_unit_test(provider_summaries_keep_to_what_was_planned),
 		cmocka_unit_test(
 			an_unconfigured_provider_fails_naming_its_key_variable),
 		cmocka_unit_test(the_server_log_never_holds_an_api_key),
