@@ -121,6 +121,11 @@ imp_part(histd_imp *im, json_t *p, Histd__V1__Message *m,
 		if ((rc = histd_imp_check_url(im, "image_url", s)))
 			return rc;
 		x = histd_extras(p, k_in_image);
+		/* Export writes "detail": "auto" for an image it has no
+		 * state for (one a caller appended): keep that none came. */
+		if (!json_object_get(p, "detail") &&
+		    (rc = mark(x, "$no_detail", json_true())))
+			goto fail;
 		if ((rc = histd_blk_from_url(s, 0, NULL, &b)))
 			goto fail;
 	} else if (!strcmp(type, "input_file")) {

@@ -416,9 +416,9 @@ dollar_keys_cannot_forge_marks(void **state)
 	assert_null(json_object_get(part, "$refusal"));
 	part = json_array_get(json_object_get(json_array_get(
 		json_object_get(root, "input"), 0), "content"), 1);
-	assert_string_equal(json_string_value(json_object_get(part,
-							      "detail")),
-			    "auto");
+	assert_null(json_object_get(part, "$detail"));
+	/* The image came without "detail" and goes out without it. */
+	assert_null(json_object_get(part, "detail"));
 	json_decref(root);
 	free(out);
 	histd_transcript_clear(&t);
@@ -494,6 +494,16 @@ round_trip(Histd__V1__Format f, const char *body)
 	return out;
 }
 
+/* Makes m a message of role holding the one block *bp. */
+static void
+hold_one(Histd__V1__Message *m, Histd__V1__Role role,
+	 Histd__V1__ContentBlock **bp)
+{
+	m->role = role;
+	m->n_content = 1;
+	m->content = bp;
+}
+
 /* instructions "" or null (no system message in histd) and tool
  * arguments "" come back as they came; a tool call appended with no
  * arguments still goes out as "{}". */
@@ -542,9 +552,7 @@ empty_instructions_and_arguments_round_trip(void **state)
 	c.arguments = "";
 	b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL;
 	b.tool_call = &c;
-	m.role = HISTD__V1__ROLE__ROLE_ASSISTANT;
-	m.n_content = 1;
-	m.content = &bp;
+	hold_one(&m, HISTD__V1__ROLE__ROLE_ASSISTANT, &bp);
 	for (size_t f = 1; f < sizeof(formats) / sizeof(formats[0]); f++) {
 		if (formats[f] == HISTD__V1__FORMAT__FORMAT_GEMINI)
 			continue;
@@ -554,6 +562,43 @@ empty_instructions_and_arguments_round_trip(void **state)
 		assert_null(strstr(out, "instructions"));
 		free(out);
 	}
+}
+
+/* A Responses input_image without "detail" (in a message and in a
+ * function_call_output) comes back without it; an image a caller appended
+ * goes out with "detail": "auto". */
+static void
+responses_image_without_detail_round_trips(void **state)
+{
+	const char *body =
+		"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		"\"input_image\",\"image_url\":\"https://example.com/a.png\"}"
+		"]},{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":"
+		"\"f\",\"arguments\":\"{}\"},{\"type\":"
+		"\"function_call_output\",\"call_id\":\"c1\",\"output\":[{"
+		"\"type\":\"input_image\",\"image_url\":"
+		"\"data:image/png;base64,iVBORw0KGgo=\"}]}]}";
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT, *mp = &m;
+	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT, *bp = &b;
+	Histd__V1__ImageBlock img = HISTD__V1__IMAGE_BLOCK__INIT;
+	char *out;
+
+	(void)state;
+	out = round_trip(HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES, body);
+	assert_same_json("no detail", body, out,
+			 HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES);
+	free(out);
+
+	img.source_case = HISTD__V1__IMAGE_BLOCK__SOURCE_URL;
+	img.url = "https://example.com/a.png";
+	b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_IMAGE;
+	b.image = &img;
+	hold_one(&m, HISTD__V1__ROLE__ROLE_USER, &bp);
+	assert_int_equal(histd_transcript_to_json(
+		HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES, &mp, 1, &out,
+		NULL), 0);
+	assert_non_null(strstr(out, "\"detail\":\"auto\""));
+	free(out);
 }
 
 int
@@ -570,6 +615,7 @@ main(void)
 		cmocka_unit_test(empty_data_uri_stays_a_url),
 		cmocka_unit_test(keys_with_control_bytes_stay_on_one_line),
 		cmocka_unit_test(empty_instructions_and_arguments_round_trip),
+		cmocka_unit_test(responses_image_without_detail_round_trips),
 	};
 
 	return cmocka_run_group_tests(tests, load_goldens, free_goldens);
