@@ -2196,6 +2196,54 @@ h_export(call *c, void *msg)
 	return rc;
 }
 
+/*
+ * An Import with an idempotency key whose body no longer converts: a
+ * Gemini response without an id answered a call that the first attempt's
+ * own messages now answer. Asks the driver whether the key was applied,
+ * with an append that cannot apply (a revision no session has: the key
+ * check comes first); if so, converts the body against the session as
+ * the first attempt saw it, before its first seq, and goes on as a retry
+ * does. Otherwise (or if that fails too) the first error stands.
+ */
+static int
+import_retry(call *c, const Histd__V1__ImportRequest *r,
+	     const histd_transcript_limits *lim, histd_transcript *t, int rc)
+{
+	Histd__V1__AppendRequest a = HISTD__V1__APPEND_REQUEST__INIT;
+	Histd__V1__AppendResponse resp = HISTD__V1__APPEND_RESPONSE__INIT;
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT, *mp = &m;
+	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT, *bp = &b;
+	Histd__V1__TextBlock text = HISTD__V1__TEXT_BLOCK__INIT;
+	char why[512];
+	batch probe;
+	int prc;
+
+	if (rc != HISTD_EINVALID || !r->idempotency_key[0])
+		return rc;
+	snprintf(why, sizeof(why), "%s", histd_error_message());
+	text.text = "probe";
+	b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+	b.text = &text;
+	m.role = HISTD__V1__ROLE__ROLE_USER;
+	m.n_content = 1;
+	m.content = &bp;
+	a.session_id = r->session_id;
+	a.n_messages = 1;
+	a.messages = &mp;
+	a.expected_revision = UINT64_MAX;
+	a.idempotency_key = r->idempotency_key;
+	prc = append_messages(c, &a, &resp, &probe);
+	batch_free(&probe);
+	c->reply->current_revision = 0;
+	if (prc == HISTD_EPRECONDITION)
+		return prc;
+	if (prc == 0 && resp.replayed && resp.first_seq &&
+	    histd_transcript_import_before(c->s->d, c->tenant, r, lim,
+					   resp.first_seq, t) == 0)
+		return 0;
+	return histd_error_set(rc, "%s", why);
+}
+
 /* Import: a provider's transcript appended exactly as Append would. */
 static int
 h_import(call *c, void *msg)
@@ -2213,7 +2261,8 @@ h_import(call *c, void *msg)
 	histd_transcript_limits_default(&lim);
 	lim.max_string_bytes = c->s->cfg.max_message_bytes;
 	lim.max_messages = c->s->cfg.max_messages_per_append;
-	if ((rc = histd_transcript_import(c->s->d, c->tenant, r, &lim, &t)))
+	rc = histd_transcript_import(c->s->d, c->tenant, r, &lim, &t);
+	if (rc && (rc = import_retry(c, r, &lim, &t, rc)))
 		return rc;
 	a.session_id = r->session_id;
 	a.messages = t.messages;

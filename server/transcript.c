@@ -156,11 +156,13 @@ histd_transcript_export(histd_driver *d, const char *tenant,
 	return rc;
 }
 
-/* What the import continues: the session's newest messages. */
+/* What the import continues: the session's newest messages, or with
+ * before_seq those before it. */
 struct import_tail {
 	histd_driver *d;
 	const char *tenant;
 	const char *session_id;
+	uint64_t before_seq;
 };
 
 static int
@@ -172,6 +174,16 @@ read_tail(void *arg, histd_transcript *out)
 	histd_read_result res = { 0 };
 	int rc;
 
+	if (it->before_seq) {
+		uint64_t end = it->before_seq - 1;
+
+		if (!end)
+			return 0;
+		q.last_n = 0;
+		q.after_seq = end > HISTD_IMPORT_TAIL
+			? end - HISTD_IMPORT_TAIL : 0;
+		q.limit = (uint32_t)(end - q.after_seq);
+	}
 	if ((rc = histd_driver_read(it->d, &q, &res)))
 		return rc;
 	rc = add_records(out, &res);
@@ -185,8 +197,18 @@ histd_transcript_import(histd_driver *d, const char *tenant,
 			const histd_transcript_limits *lim,
 			histd_transcript *out)
 {
+	return histd_transcript_import_before(d, tenant, req, lim, 0, out);
+}
+
+int
+histd_transcript_import_before(histd_driver *d, const char *tenant,
+			       const Histd__V1__ImportRequest *req,
+			       const histd_transcript_limits *lim,
+			       uint64_t before_seq, histd_transcript *out)
+{
 	struct import_tail it = { .d = d, .tenant = tenant,
-				  .session_id = req->session_id };
+				  .session_id = req->session_id,
+				  .before_seq = before_seq };
 	histd_transcript_limits l;
 	int rc;
 

@@ -68,6 +68,16 @@ int histd_transcript_import(histd_driver *d, const char *tenant,
 			    const histd_transcript_limits *lim,
 			    histd_transcript *out);
 
+/* As histd_transcript_import, with before_seq > 0: the tail is the
+ * HISTD_IMPORT_TAIL messages before that seq, the session as an earlier
+ * Import of the same body saw it when its messages were appended from
+ * before_seq on (an idempotent retry converts the body as the first
+ * attempt did). */
+int histd_transcript_import_before(histd_driver *d, const char *tenant,
+				   const Histd__V1__ImportRequest *req,
+				   const histd_transcript_limits *lim,
+				   uint64_t before_seq, histd_transcript *out);
+
 /* The packed ImportResponse: append (borrowed) and the dropped lines of
  * t. *out malloc'ed; the caller frees it with free(). */
 int histd_transcript_import_reply(const Histd__V1__AppendResponse *append,

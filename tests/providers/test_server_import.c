@@ -50,11 +50,14 @@ teardown(void **state)
 #define RESP(name) "{\"role\":\"user\",\"parts\":[{\"functionResponse\":" \
 	"{\"name\":\"" name "\",\"response\":{\"r\":1}}}]}"
 
-/* Imports a Gemini body; returns the status code, with the details in
- * details (may be NULL) when it is not OK. */
+/* Imports a Gemini body with idempotency key key (may be ""); returns the
+ * status code, with the details in details (may be NULL) when it is not
+ * OK, and the answer's first_seq and replayed in *first_seq and *replayed
+ * (may be NULL) when it is. */
 static grpc_status_code
-import_gemini(const char *session_id, const char *body, char *details,
-	      size_t dlen)
+import_gemini_key(const char *session_id, const char *body, const char *key,
+		  char *details, size_t dlen, uint64_t *first_seq,
+		  int *replayed)
 {
 	Histd__V1__ImportRequest ir = HISTD__V1__IMPORT_REQUEST__INIT;
 	Histd__V1__ImportResponse *resp = NULL;
@@ -64,16 +67,31 @@ import_gemini(const char *session_id, const char *body, char *details,
 	ir.session_id = (char *)session_id;
 	ir.format = HISTD__V1__FORMAT__FORMAT_GEMINI;
 	ir.json = (char *)body;
+	ir.idempotency_key = (char *)key;
 	histd_status_init(&st);
 	t_call(client, "Import", &ir, &histd__v1__import_response__descriptor,
 	       &resp, &st);
 	code = st.code;
 	if (details)
 		snprintf(details, dlen, "%s", st.details ? st.details : "");
+	if (resp && resp->append) {
+		if (first_seq)
+			*first_seq = resp->append->first_seq;
+		if (replayed)
+			*replayed = resp->append->replayed;
+	}
 	if (resp)
 		histd_client_message_free(&resp->base);
 	histd_status_reset(&st);
 	return code;
+}
+
+static grpc_status_code
+import_gemini(const char *session_id, const char *body, char *details,
+	      size_t dlen)
+{
+	return import_gemini_key(session_id, body, "", details, dlen, NULL,
+				 NULL);
 }
 
 /* The user says hi; the model calls f (no id): one Import. */
@@ -202,6 +220,41 @@ a_call_older_than_the_tail_is_not_seen(void **state)
 	free(id);
 }
 
+/* A retried Import (same idempotency_key) whose id-less response
+ * answered a call of an earlier Import: its own first attempt answered
+ * that call, yet the retry gets the first answer, replayed, and appends
+ * nothing. */
+static void
+retried_import_of_an_id_less_response_is_replayed(void **state)
+{
+	char *id = t_create_session(client, "gemini-retry");
+	const char *body = "{\"contents\":[" RESP("f") "]}";
+	char details[256];
+	uint64_t first = 0, again = 0;
+	int replayed = -1;
+
+	(void)state;
+	import_one_call(id);
+	assert_int_equal(import_gemini_key(id, body, "turn-2", NULL, 0,
+					   &first, &replayed),
+			 GRPC_STATUS_OK);
+	assert_int_equal(replayed, 0);
+	assert_int_equal(import_gemini_key(id, body, "turn-2", details,
+					   sizeof(details), &again,
+					   &replayed),
+			 GRPC_STATUS_OK);
+	assert_int_equal(replayed, 1);
+	assert_int_equal(again, first);
+	assert_results_answer_calls(id, 1);
+	/* A key never used: the body's own error. */
+	assert_int_equal(import_gemini_key(id, body, "turn-3", details,
+					   sizeof(details), NULL, NULL),
+			 GRPC_STATUS_INVALID_ARGUMENT);
+	assert_non_null(strstr(details, "contents[0].parts[0]."
+			       "functionResponse.name"));
+	free(id);
+}
+
 static void
 an_unknown_session_stays_not_found(void **state)
 {
@@ -227,6 +280,8 @@ main(int argc, char **argv)
 		cmocka_unit_test(
 			id_less_response_without_an_open_call_names_the_field),
 		cmocka_unit_test(a_call_older_than_the_tail_is_not_seen),
+		cmocka_unit_test(
+			retried_import_of_an_id_less_response_is_replayed),
 		cmocka_unit_test(an_unknown_session_stays_not_found),
 	};
 
