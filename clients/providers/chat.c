@@ -309,18 +309,12 @@ imp_calls(const histd_chat_dialect *d, histd_imp *im, json_t *msg,
 			return nomem();
 		a = json_object_get(fn, "arguments");
 		if (json_is_string(a)) {
-			json_error_t jerr;
-			json_t *v = json_string_length(a)
-				? json_loads(json_string_value(a),
-					     JSON_DECODE_ANY, &jerr)
-				: json_object();
-
-			if (!v) {
+			if (json_string_length(a) &&
+			    (rc = histd_imp_check_args(im, "arguments",
+						json_string_value(a)))) {
 				json_decref(x);
-				return histd_imp_fail_at(im, "arguments", "%s",
-					histd_json_error_why(&jerr));
+				return rc;
 			}
-			json_decref(v);
 			args = strdup(json_string_value(a));
 			/* "" is histd's "no arguments" too, which export
 			 * writes as "{}": keep which one came. */

@@ -1513,6 +1513,30 @@ check_body(histd_imp *im, json_t *root)
 }
 
 int
+histd_imp_check_args(histd_imp *im, const char *key, const char *args)
+{
+	json_error_t jerr;
+	unsigned depth = 1;
+	size_t q;
+	json_t *v;
+	int rc;
+
+	if (!(v = json_loads(args, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES,
+			     &jerr)))
+		return histd_imp_fail_at(im, key, "%s",
+					 histd_json_error_why(&jerr));
+	/* The path's components count the levels above the value, as
+	 * check_body counts them in the body. */
+	for (const char *p = im->path; *p; p++)
+		depth += *p == '.' || *p == '[';
+	q = histd_imp_key(im, key);
+	rc = check_value(im, v, depth + 1);
+	histd_imp_pop(im, q);
+	json_decref(v);
+	return rc;
+}
+
+int
 histd_transcript_from_json(Histd__V1__Format format, const char *json,
 			   size_t len, const histd_transcript_limits *lim,
 			   histd_transcript *out)

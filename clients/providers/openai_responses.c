@@ -383,7 +383,7 @@ static int
 imp_item(histd_imp *im, json_t *it, long k, group *g)
 {
 	const char *type, *id, *name, *args;
-	json_t *x, *v;
+	json_t *x;
 	int rc;
 
 	if ((rc = histd_expect_obj(im, it)) ||
@@ -404,14 +404,9 @@ imp_item(histd_imp *im, json_t *it, long k, group *g)
 		if (!*name || strlen(name) > 128)
 			return histd_imp_fail_at(im, "name", "must be 1..128 "
 						 "bytes");
-		if (*args) {
-			json_error_t jerr;
-
-			if (!(v = json_loads(args, JSON_DECODE_ANY, &jerr)))
-				return histd_imp_fail_at(im, "arguments", "%s",
-					histd_json_error_why(&jerr));
-			json_decref(v);
-		}
+		if (*args && (rc = histd_imp_check_args(im, "arguments",
+							 args)))
+			return rc;
 		g->tool = NULL;
 		if (!g->assistant &&
 		    (rc = histd_msg_new(im, HISTD__V1__ROLE__ROLE_ASSISTANT,

@@ -118,6 +118,10 @@ int histd_imp_fail(histd_imp *im, const char *fmt, ...)
 /* EINVALID "<path>.<key>: <what>". */
 int histd_imp_fail_at(histd_imp *im, const char *key, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* Tool arguments given as JSON text, at key: EINVALID at "<path>.<key>"
+ * unless they are JSON holding no key twice in one object, no number out
+ * of range, no deeper nesting and no longer strings than a body may. */
+int histd_imp_check_args(histd_imp *im, const char *key, const char *args);
 /* Adds "<path>: <what>" to the dropped list. */
 int histd_imp_drop(histd_imp *im, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));

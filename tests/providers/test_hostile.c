@@ -254,6 +254,55 @@ deep_nesting_is_refused(void **state)
 	free(deep);
 }
 
+/* Tool arguments given as JSON text (Chat, Mistral, Responses) follow
+ * the rules of arguments given as JSON (Anthropic input, Gemini args):
+ * no nesting past 64 levels, no key twice in one object, which export to
+ * those formats would otherwise write or silently merge. */
+static void
+arguments_as_text_follow_the_body_rules(void **state)
+{
+	char *deep = nested("{\\\"SECRET\\\":", "}", 70), *body;
+
+	(void)state;
+	assert_true(asprintf(&body, "{\"messages\":[{\"role\":\"assistant\","
+			     "\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+			     "\"function\",\"function\":{\"name\":\"f\","
+			     "\"arguments\":\"%s\"}}]}]}", deep) > 0);
+	assert_invalid(C, body, "messages[0].tool_calls[0].function."
+		       "arguments: nested deeper than 64 levels");
+	assert_invalid(M, body, "messages[0].tool_calls[0].function."
+		       "arguments: nested deeper than 64 levels");
+	free(body);
+	free(deep);
+	/* 55 levels, as deep as an Anthropic input may be, are fine. */
+	for (size_t levels = 70; levels >= 55; levels -= 15) {
+		deep = nested("{\\\"SECRET\\\":", "}", levels);
+		assert_true(asprintf(&body, "{\"input\":[{\"type\":"
+				     "\"function_call\",\"call_id\":\"c1\","
+				     "\"name\":\"f\",\"arguments\":\"%s\"}]}",
+				     deep) > 0);
+		if (levels > 64)
+			assert_invalid(R, body, "input[0].arguments: nested "
+				       "deeper than 64 levels");
+		else
+			assert_int_equal(import(R, body, strlen(body), NULL),
+					 0);
+		free(body);
+		free(deep);
+	}
+	assert_invalid(C, "{\"messages\":[{\"role\":\"assistant\","
+		       "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+		       "\"function\":{\"name\":\"f\",\"arguments\":"
+		       "\"{\\\"SECRET\\\":1,\\\"SECRET\\\":2}\"}}]}]}",
+		       "messages[0].tool_calls[0].function.arguments: is not "
+		       "valid JSON: it repeats a key in one object");
+	assert_invalid(R, "{\"input\":[{\"type\":\"function_call\","
+		       "\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":"
+		       "\"[{\\\"a\\\":1,\\\"a\\\":1}]\"}]}",
+		       "input[0].arguments: is not valid JSON: it repeats a key "
+		       "in one object");
+}
+
 static void
 huge_strings_are_refused(void **state)
 {
@@ -628,6 +677,7 @@ main(void)
 		cmocka_unit_test(wrong_types_name_the_json_path),
 		cmocka_unit_test(deep_nesting_is_refused),
 		cmocka_unit_test(numbers_out_of_range_name_the_member),
+		cmocka_unit_test(arguments_as_text_follow_the_body_rules),
 		cmocka_unit_test(huge_strings_are_refused),
 		cmocka_unit_test(message_count_is_limited),
 		cmocka_unit_test(every_member_of_the_wrong_type_is_handled),
