@@ -346,6 +346,39 @@ imp_calls(const histd_chat_dialect *d, histd_imp *im, json_t *msg,
 	return 0;
 }
 
+/*
+ * Members of k_message that role (or the dialect) does not read: a
+ * tool_call_id outside a tool message, a refusal outside an assistant
+ * message of OpenAI are kept in mx as they came. Tool calls outside an
+ * assistant message would go unseen (no pairing, no export but as
+ * extras): refused, unless null or empty.
+ */
+static int
+keep_unread(const histd_chat_dialect *d, histd_imp *im, json_t *e,
+	    const char *role, json_t *mx)
+{
+	json_t *v;
+
+	if (strcmp(role, "assistant") &&
+	    (v = json_object_get(e, "tool_calls")) &&
+	    !json_is_null(v) && !(json_is_array(v) && !json_array_size(v)))
+		return histd_imp_fail_at(im, "tool_calls", "only in assistant "
+					 "messages");
+	if (strcmp(role, "assistant") &&
+	    (v = json_object_get(e, "tool_calls")) &&
+	    json_object_set(mx, "tool_calls", v))
+		return nomem();
+	if (strcmp(role, "tool") &&
+	    (v = json_object_get(e, "tool_call_id")) &&
+	    json_object_set(mx, "tool_call_id", v))
+		return nomem();
+	if ((!d->refusal || strcmp(role, "assistant")) &&
+	    (v = json_object_get(e, "refusal")) &&
+	    json_object_set(mx, "refusal", v))
+		return nomem();
+	return 0;
+}
+
 static int
 imp_message(const histd_chat_dialect *d, histd_imp *im, json_t *e)
 {
@@ -359,6 +392,8 @@ imp_message(const histd_chat_dialect *d, histd_imp *im, json_t *e)
 		return rc;
 	if (!(mx = histd_extras(e, k_message)))
 		return nomem();
+	if ((rc = keep_unread(d, im, e, role, mx)))
+		goto out;
 	if (!strcmp(role, "system") ||
 	    (d->developer_role && !strcmp(role, "developer"))) {
 		if ((rc = histd_msg_new(im, HISTD__V1__ROLE__ROLE_SYSTEM, &m)) ||

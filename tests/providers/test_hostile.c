@@ -100,6 +100,12 @@ wrong_types_name_the_json_path(void **state)
 		       "valid JSON");
 	assert_invalid(C, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}"
 		       "]}", "messages[0].tool_call_id: is required");
+	/* Calls outside an assistant message would go unseen. */
+	assert_invalid(C, "{\"messages\":[{\"role\":\"user\",\"content\":"
+		       "\"x\",\"tool_calls\":[{\"id\":\"c\",\"type\":"
+		       "\"function\",\"function\":{\"name\":\"f\","
+		       "\"arguments\":\"{}\"}}]}]}",
+		       "messages[0].tool_calls: only in assistant messages");
 	assert_invalid(C, "{\"messages\":[{\"role\":\"user\",\"content\":[{"
 		       "\"type\":\"image_url\",\"image_url\":5}]}]}",
 		       "messages[0].content[0].image_url: expected an object");

@@ -504,16 +504,31 @@ hold_one(Histd__V1__Message *m, Histd__V1__Role role,
 	m->content = bp;
 }
 
+/* A body in a format, for the tables of round trips below. */
+typedef struct body_case {
+	Histd__V1__Format f;
+	const char *body;
+} body_case;
+
+/* Each body of cases comes back from import then export as it came. */
+static void
+assert_bodies_round_trip(const char *name, const body_case *cases, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		char *out = round_trip(cases[i].f, cases[i].body);
+
+		assert_same_json(name, cases[i].body, out, cases[i].f);
+		free(out);
+	}
+}
+
 /* instructions "" or null (no system message in histd) and tool
  * arguments "" come back as they came; a tool call appended with no
  * arguments still goes out as "{}". */
 static void
 empty_instructions_and_arguments_round_trip(void **state)
 {
-	static const struct {
-		Histd__V1__Format f;
-		const char *body;
-	} cases[] = {
+	static const body_case cases[] = {
 		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
 		  "{\"instructions\":\"\",\"input\":\"hi\"}" },
 		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
@@ -541,11 +556,8 @@ empty_instructions_and_arguments_round_trip(void **state)
 	char *out;
 
 	(void)state;
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		out = round_trip(cases[i].f, cases[i].body);
-		assert_same_json("empty", cases[i].body, out, cases[i].f);
-		free(out);
-	}
+	assert_bodies_round_trip("empty", cases,
+				 sizeof(cases) / sizeof(cases[0]));
 	/* Appended, not imported: "" is "no arguments", sent as "{}". */
 	c.id = "c1";
 	c.name = "f";
@@ -601,6 +613,32 @@ responses_image_without_detail_round_trips(void **state)
 	free(out);
 }
 
+/* Members of a chat message its role (or Mistral) does not read come back
+ * as they came: a refusal in Mistral or in a user message, a tool_call_id
+ * outside a tool message, an empty tool_calls outside an assistant one. */
+static void
+chat_members_a_role_does_not_read_round_trip(void **state)
+{
+	static const body_case cases[] = {
+		{ HISTD__V1__FORMAT__FORMAT_MISTRAL,
+		  "{\"messages\":[{\"role\":\"assistant\",\"content\":"
+		  "\"x\",\"refusal\":null}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_MISTRAL,
+		  "{\"messages\":[{\"role\":\"assistant\",\"content\":"
+		  "\"x\",\"refusal\":\"no\"}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT,
+		  "{\"messages\":[{\"role\":\"user\",\"content\":\"x\","
+		  "\"refusal\":\"no\",\"tool_call_id\":\"c1\"}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT,
+		  "{\"messages\":[{\"role\":\"system\",\"content\":\"x\","
+		  "\"tool_calls\":[]}]}" },
+	};
+
+	(void)state;
+	assert_bodies_round_trip("unread", cases,
+				 sizeof(cases) / sizeof(cases[0]));
+}
+
 int
 main(void)
 {
@@ -616,6 +654,7 @@ main(void)
 		cmocka_unit_test(keys_with_control_bytes_stay_on_one_line),
 		cmocka_unit_test(empty_instructions_and_arguments_round_trip),
 		cmocka_unit_test(responses_image_without_detail_round_trips),
+		cmocka_unit_test(chat_members_a_role_does_not_read_round_trip),
 	};
 
 	return cmocka_run_group_tests(tests, load_goldens, free_goldens);
