@@ -1563,7 +1563,8 @@ histd_transcript_from_json(Histd__V1__Format format, const char *json,
 				       len, lim->max_json_bytes);
 	/* jansson refuses NUL in strings and invalid UTF-8 by default and
 	 * stops nesting at its own depth limit, so no input crashes it. */
-	root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+	root = json_loadb(json, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY,
+			  &jerr);
 	if (!root && json_error_code(&jerr) == json_error_stack_overflow)
 		return histd_error_set(HISTD_EINVALID,
 			"json is not valid JSON: it is nested deeper than %u "

@@ -79,6 +79,9 @@ wrong_types_name_the_json_path(void **state)
 		       "got a number");
 	assert_invalid(A, "{\"messages\":{}}",
 		       "messages: expected an array, got an object");
+	/* Valid JSON, but not an object: said as such. */
+	assert_invalid(A, "\"SECRET\"", "json: expected an object");
+	assert_invalid(C, "null", "json: expected an object");
 	assert_invalid(A, "{\"messages\":[{\"role\":\"system\",\"content\":"
 		       "\"x\"}]}", "messages[0].role: must be user or assistant");
 	assert_invalid(A, "{\"messages\":[{\"role\":\"assistant\",\"content\":"
