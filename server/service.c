@@ -1825,7 +1825,11 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 	int truncated, rc;
 
 	if (r->last_n) {
-		q.last_n = min_u32(r->last_n, cfg->max_page_size);
+		/* Above the page size, one more than a page (never past
+		 * UINT32_MAX: last_n is above it) says whether older
+		 * messages are stored, for truncated; it is not sent. */
+		q.last_n = r->last_n <= cfg->max_page_size
+			 ? r->last_n : cfg->max_page_size + 1;
 	} else {
 		q.after_seq = r->after_seq;
 		q.limit = r->limit ? min_u32(r->limit, cfg->max_page_size)
@@ -1836,9 +1840,10 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 	/* Keep the response within max_response_bytes, what clients accept:
 	 * a page ends early and goes on at next_after_seq; last_n keeps the
 	 * newest messages that fit. At least one message always goes. */
-	first = 0;
+	first = r->last_n && res.records.n > cfg->max_page_size
+		? res.records.n - cfg->max_page_size : 0;
 	end = res.records.n;
-	for (size_t k = 0; k < res.records.n; k++) {
+	for (size_t k = 0; k < res.records.n - first; k++) {
 		size_t i = r->last_n ? res.records.n - 1 - k : k;
 		const histd_record *rec = &res.records.v[i];
 		size_t one = 1 + histd_wire_varint_size(rec->len) + rec->len;
@@ -1856,8 +1861,7 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 	if ((res.has_more || end < res.records.n) && end > first &&
 	    !r->last_n)
 		next = res.records.v[end - 1].seq;
-	truncated = r->last_n && (first > 0 || (q.last_n < r->last_n &&
-						res.records.n == q.last_n));
+	truncated = r->last_n && first > 0;
 	/* All of it, framed by the driver: sent as it is. */
 	if (first == 0 && end == res.records.n)
 		buf = histd_records_take_wire(&res.records, TAIL_MAX, &o);

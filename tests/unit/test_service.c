@@ -1441,16 +1441,25 @@ get_messages_pages_by_after_seq_and_limit(void **state)
 	assert_false(g->truncated);
 }
 
-static void
-get_messages_clamps_limit_and_last_n_to_the_page_size(void **state)
+/* A service on the same driver whose pages hold at most n. */
+static histd_service *
+service_with_page_size(uint32_t n)
 {
 	histd_service_config small = cfg;
 	histd_service *s2;
+
+	small.max_page_size = n;
+	assert_int_equal(histd_service_new(&s2, drv, &small), 0);
+	return s2;
+}
+
+static void
+get_messages_clamps_limit_and_last_n_to_the_page_size(void **state)
+{
+	histd_service *s2 = service_with_page_size(2);
 	Histd__V1__GetMessagesResponse *g = NULL;
 
 	(void)state;
-	small.max_page_size = 2;
-	assert_int_equal(histd_service_new(&s2, drv, &small), 0);
 	create("p");
 	append_n("p", 5);
 	assert_int_equal(get_messages_on(s2, "p", HISTD__V1__VIEW__VIEW_RAW,
@@ -1468,6 +1477,30 @@ get_messages_clamps_limit_and_last_n_to_the_page_size(void **state)
 					 0, 0, 2, &g), 0);
 	assert_seqs(g, 4, 2);
 	assert_false(g->truncated);
+	histd_service_free(s2);
+}
+
+/* last_n above the page size sets truncated only when older messages are
+ * stored: a session that fits one page came back whole. */
+static void
+get_messages_last_n_above_the_page_size_is_not_truncated_when_all_came(
+	void **state)
+{
+	histd_service *s2 = service_with_page_size(2);
+	Histd__V1__GetMessagesResponse *g = NULL;
+
+	(void)state;
+	create("p");
+	append_n("p", 2);
+	assert_int_equal(get_messages_on(s2, "p", HISTD__V1__VIEW__VIEW_RAW,
+					 0, 0, 5, &g), 0);
+	assert_seqs(g, 1, 2);
+	assert_false(g->truncated);
+	append_n("p", 1);
+	assert_int_equal(get_messages_on(s2, "p", HISTD__V1__VIEW__VIEW_RAW,
+					 0, 0, 5, &g), 0);
+	assert_seqs(g, 2, 2);
+	assert_true(g->truncated);      /* seq 1 is still stored */
 	histd_service_free(s2);
 }
 
@@ -2219,6 +2252,7 @@ main(void)
 		T(an_idempotent_retry_returns_the_first_answer_and_appends_nothing),
 		T(get_messages_pages_by_after_seq_and_limit),
 		T(get_messages_clamps_limit_and_last_n_to_the_page_size),
+		T(get_messages_last_n_above_the_page_size_is_not_truncated_when_all_came),
 		T(context_last_n_takes_any_value),
 		T(get_messages_pages_end_at_the_response_size_limit),
 		T(raw_fast_path_bytes_are_a_valid_response_equal_to_the_stored_messages),
