@@ -1354,6 +1354,26 @@ append_at_a_stale_revision_is_aborted_with_the_current_one(void **state)
 }
 
 static void
+an_idempotency_key_is_at_most_256_bytes(void **state)
+{
+	Histd__V1__Message *m[1];
+	Histd__V1__AppendRequest *r;
+	char *key = A(258);
+
+	(void)state;
+	create("k");
+	m[0] = user("x");
+	r = append_req("k", 1, m);
+	memset(key, 'k', 257);
+	r->idempotency_key = key;
+	assert_err(CALL(HISTD_M_APPEND, r, NULL, NULL), HISTD_EINVALID,
+		   "idempotency_key is longer than 256 bytes");
+	assert_int_equal(read_raw("k", 0, 0, 0)->n_messages, 0);
+	key[256] = '\0';
+	assert_int_equal(CALL(HISTD_M_APPEND, r, NULL, NULL), 0);
+}
+
+static void
 an_idempotent_retry_returns_the_first_answer_and_appends_nothing(void **state)
 {
 	Histd__V1__Message *m[2];
@@ -2249,6 +2269,7 @@ main(void)
 		T(append_checks_tool_references_through_the_driver),
 		T(append_limits_count_and_size),
 		T(append_at_a_stale_revision_is_aborted_with_the_current_one),
+		T(an_idempotency_key_is_at_most_256_bytes),
 		T(an_idempotent_retry_returns_the_first_answer_and_appends_nothing),
 		T(get_messages_pages_by_after_seq_and_limit),
 		T(get_messages_clamps_limit_and_last_n_to_the_page_size),
