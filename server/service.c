@@ -255,11 +255,11 @@ ts_valid(const Google__Protobuf__Timestamp *ts)
  * become '?', quotes and backslashes too), cut at 64 bytes. Used only for
  * names a client chose (field paths), never for content. */
 static const char *
-safe_name(const char *s, char *buf, size_t cap)
+safe_span(const char *s, size_t n, char *buf, size_t cap)
 {
 	size_t i = 0;
 
-	for (; s[i] && i + 1 < cap && i < 64; i++) {
+	for (; i < n && s[i] && i + 1 < cap && i < 64; i++) {
 		unsigned char c = (unsigned char)s[i];
 
 		buf[i] = (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') ?
@@ -267,6 +267,12 @@ safe_name(const char *s, char *buf, size_t cap)
 	}
 	buf[i] = '\0';
 	return buf;
+}
+
+static const char *
+safe_name(const char *s, char *buf, size_t cap)
+{
+	return safe_span(s, SIZE_MAX, buf, cap);
 }
 
 static int
@@ -313,8 +319,26 @@ new_uuid(char out[37])
 struct walk {
 	const char *name[MAX_DEPTH];
 	long index[MAX_DEPTH];       /* -1: not a repeated field */
+	/* A map entry's key (NULL: not a map): a bad value is named
+	 * name["key"], as the maps' own checks name it, since the position
+	 * of an entry on the wire is one that map order does not define. */
+	const char *key[MAX_DEPTH];
+	size_t key_len[MAX_DEPTH];
 	int depth;
 };
+
+/* protobuf-c marks no map entry: one is a message "...Entry" of exactly
+ * a string key (1) and a value (2), as protoc generates it. */
+static int
+is_map_entry(const ProtobufCMessageDescriptor *d)
+{
+	size_t n = strlen(d->name);
+
+	return d->n_fields == 2 && n > 5 && !strcmp(d->name + n - 5, "Entry") &&
+	       d->fields[0].id == 1 && !strcmp(d->fields[0].name, "key") &&
+	       d->fields[0].type == PROTOBUF_C_TYPE_STRING &&
+	       d->fields[1].id == 2 && !strcmp(d->fields[1].name, "value");
+}
 
 static int
 walk_fail(const struct walk *w, const char *what)
@@ -324,12 +348,21 @@ walk_fail(const struct walk *w, const char *what)
 
 	path[0] = '\0';
 	for (int i = 0; i < w->depth && n < sizeof(path); i++) {
+		char key[72];
 		int k = snprintf(path + n, sizeof(path) - n, "%s%s",
 				 i ? "." : "", w->name[i]);
 
 		if (k > 0)
 			n += (size_t)k;
-		if (w->index[i] >= 0 && n < sizeof(path)) {
+		if (w->key[i] && i + 1 < w->depth &&
+		    !strcmp(w->name[i + 1], "value") && n < sizeof(path)) {
+			k = snprintf(path + n, sizeof(path) - n, "[\"%s\"]",
+				     safe_span(w->key[i], w->key_len[i], key,
+					       sizeof(key)));
+			if (k > 0)
+				n += (size_t)k;
+			i++;    /* the value is what the key names */
+		} else if (w->index[i] >= 0 && n < sizeof(path)) {
 			k = snprintf(path + n, sizeof(path) - n, "[%ld]",
 				     w->index[i]);
 			if (k > 0)
@@ -367,6 +400,28 @@ read_varint(const uint8_t *p, size_t avail, uint64_t *v)
 }
 
 enum { SCAN_OK, SCAN_TOO_DEEP, SCAN_NUL };
+
+static size_t wire_field(const uint8_t *p, size_t avail, uint64_t *key,
+			 const uint8_t **val, size_t *val_len);
+
+/* The key of the map entry in p (its last, as protobuf-c keeps), into
+ * w->key[depth]; left NULL when the entry has none. */
+static void
+entry_key(const uint8_t *p, size_t len, struct walk *w, int depth)
+{
+	const uint8_t *val = NULL;
+	size_t i = 0, n, val_len = 0;
+	uint64_t key;
+
+	while (i < len && (n = wire_field(p + i, len - i, &key, &val,
+					  &val_len))) {
+		if (key == (1 << 3 | 2)) {
+			w->key[depth] = (const char *)val;
+			w->key_len[depth] = val_len;
+		}
+		i += n;
+	}
+}
 
 /* The field at p (avail bytes): its key, and for a length-delimited one
  * its payload (*val, *val_len). Returns the field's whole size, or 0 when
@@ -462,6 +517,10 @@ scan_request(const ProtobufCMessageDescriptor *d, const uint8_t *p,
 			w->name[depth] = f->name;
 			w->index[depth] = f->label == PROTOBUF_C_LABEL_REPEATED ?
 					  index_of_field(p, i, key >> 3) : -1;
+			w->key[depth] = NULL;
+			if (f->type == PROTOBUF_C_TYPE_MESSAGE &&
+			    is_map_entry(f->descriptor))
+				entry_key(val, val_len, w, depth);
 		}
 		if (rc != SCAN_OK)
 			return rc;
@@ -556,6 +615,15 @@ walk_value(const ProtobufCFieldDescriptor *f, const void *v, long index,
 		return 0;
 	w->name[w->depth] = f->name;
 	w->index[w->depth] = index;
+	w->key[w->depth] = NULL;
+	if (f->type == PROTOBUF_C_TYPE_MESSAGE &&
+	    is_map_entry(f->descriptor)) {
+		const ProtobufCMessageDescriptor *d = f->descriptor;
+
+		w->key[w->depth] = *(const char *const *)((const char *)v +
+			d->fields[0].offset);
+		w->key_len[w->depth] = SIZE_MAX;
+	}
 	w->depth++;
 	if (f->type == PROTOBUF_C_TYPE_STRING) {
 		if (!utf8_valid(v, strlen(v)))

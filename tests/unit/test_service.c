@@ -2019,6 +2019,38 @@ a_string_holding_a_nul_is_refused_naming_the_field(void **state)
 			 0);
 }
 
+/* A map's entries have no order a client can count: a bad value is named
+ * by its key (a bad key by its position, the only name it has). */
+static void
+a_bad_string_in_a_map_is_named_by_its_key(void **state)
+{
+	Histd__V1__CreateSessionRequest c = HISTD__V1__CREATE_SESSION_REQUEST__INIT;
+	Histd__V1__Message *m;
+
+	(void)state;
+	SET_MAP(&c, labels,
+		histd__v1__create_session_request__labels_entry__descriptor, 2,
+		"app", "demo", "team", "a#b");
+	assert_err(call_with_a_nul(HISTD_M_CREATE_SESSION, &c), HISTD_EINVALID,
+		   "labels[\"team\"] holds a NUL character");
+	SET_MAP(&c, labels,
+		histd__v1__create_session_request__labels_entry__descriptor, 2,
+		"app", "demo", "te#am", "x");
+	assert_err(call_with_a_nul(HISTD_M_CREATE_SESSION, &c), HISTD_EINVALID,
+		   "labels[1].key holds a NUL character");
+	create("v");
+	m = user("x");
+	SET_MAP(m, metadata, histd__v1__message__metadata_entry__descriptor,
+		2, "trace", "t-1", "span", "bad \xff");
+	expect_bad(m, HISTD_EINVALID,
+		   "messages[1].metadata[\"span\"] is not valid UTF-8");
+	m = user("x");
+	SET_MAP(m, metadata, histd__v1__message__metadata_entry__descriptor,
+		2, "trace", "t-1", "sp\xff" "an", "s");
+	expect_bad(m, HISTD_EINVALID,
+		   "messages[1].metadata[1].key is not valid UTF-8");
+}
+
 static void
 reduce_export_and_import_check_their_input_and_rights(void **state)
 {
@@ -2286,6 +2318,7 @@ main(void)
 		T(a_request_that_does_not_decode_is_invalid),
 		T(a_deeply_nested_request_is_refused_before_it_is_decoded),
 		T(a_string_holding_a_nul_is_refused_naming_the_field),
+		T(a_bad_string_in_a_map_is_named_by_its_key),
 		T(reduce_export_and_import_check_their_input_and_rights),
 		T(concurrent_appends_get_distinct_seqs),
 		T(service_refuses_missing_driver_and_zero_limits),
