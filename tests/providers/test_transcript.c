@@ -282,7 +282,8 @@ cross_format_output_imports_again(void **state)
 }
 
 /* Anthropic's signed thinking never reaches another provider, and is
- * listed as dropped. */
+ * listed as dropped; Mistral, which verifies no signature, takes its text
+ * and lists the signature. */
 static void
 foreign_reasoning_is_dropped_and_listed(void **state)
 {
@@ -304,11 +305,17 @@ foreign_reasoning_is_dropped_and_listed(void **state)
 
 		assert_int_equal(histd_transcript_to_json(formats[f],
 			t.messages, t.n_messages, &out, &dropped), 0);
-		if (formats[f] != HISTD__V1__FORMAT__FORMAT_MISTRAL)
-			assert_null(strstr(out, "sig"));
+		int mistral = formats[f] == HISTD__V1__FORMAT__FORMAT_MISTRAL;
+
+		assert_null(strstr(out, "\"sig\""));
+		assert_int_equal(strstr(out, "\"hmm\"") != NULL, mistral);
 		for (size_t k = 0; k < dropped.n; k++)
-			found |= !strncmp(dropped.v[k],
-					  "messages[1].content[0]", 22);
+			found |= mistral
+				? !strcmp(dropped.v[k], "messages[1].content[0]: "
+					  "the signature of reasoning (kept: "
+					  "its text)")
+				: !strncmp(dropped.v[k], "messages[1].content[0]: "
+					   "reasoning", 33);
 		assert_true(found);
 		free(out);
 		histd_strlist_clear(&dropped);
