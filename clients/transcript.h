@@ -92,12 +92,18 @@ void histd_strlist_clear(histd_strlist *l);
  * histd__v1__message__free_unpacked(m, NULL); histd_transcript_clear does
  * that for all of them. A caller may take messages out (set the slot to
  * NULL) to keep them.
+ *
+ * origins: for each message of an import, the path of the body member it
+ * begins at ("input[3]"), so that an error found later, in histd's own
+ * numbering, can say where that message came from; empty when the
+ * transcript was not made by from_json (or memory ran out for it).
  */
 typedef struct histd_transcript {
 	Histd__V1__Message **messages;
 	size_t n_messages;
 	size_t cap_messages;
 	histd_strlist dropped;
+	histd_strlist origins;
 } histd_transcript;
 
 void histd_transcript_clear(histd_transcript *t);

@@ -2342,7 +2342,9 @@ h_import(call *c, void *msg)
 	a.expected_revision = r->expected_revision;
 	a.idempotency_key = r->idempotency_key;
 	rc = append_messages(c, &a, &resp, &b);
-	if (rc == 0)
+	if (rc)
+		rc = histd_transcript_import_error(&t, rc);
+	else
 		rc = histd_transcript_import_reply(&resp, &t, &c->reply->data,
 						   &c->reply->len);
 	batch_free(&b);

@@ -4,6 +4,7 @@
  */
 #include "transcript.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,6 +234,31 @@ histd_transcript_import_before(histd_driver *d, const char *tenant,
 				       "histd can keep");
 	}
 	return 0;
+}
+
+int
+histd_transcript_import_error(const histd_transcript *t, int rc)
+{
+	const char *msg = histd_error_message();
+	char was[1024], name[48];
+	const char *origin;
+	unsigned long long i;
+	char *end;
+
+	if (!rc || rc == HISTD_ENOMEM || strncmp(msg, "messages[", 9) ||
+	    !isdigit((unsigned char)msg[9]) ||
+	    t->origins.n != t->n_messages)
+		return rc;
+	i = strtoull(msg + 9, &end, 10);
+	if (*end != ']' || i >= t->origins.n)
+		return rc;
+	origin = t->origins.v[i];
+	snprintf(name, sizeof(name), "messages[%llu]", i);
+	if (!origin[0] || !strcmp(origin, name))
+		return rc;
+	snprintf(was, sizeof(was), "%s", msg);
+	return histd_error_set(rc, "%s (histd's %s begins at %s in the body)",
+			       was, name, origin);
 }
 
 int

@@ -78,6 +78,13 @@ int histd_transcript_import_before(histd_driver *d, const char *tenant,
 				   const histd_transcript_limits *lim,
 				   uint64_t before_seq, histd_transcript *out);
 
+/* rc, the error of the append an Import ran on t's messages. One that
+ * names a message in histd's numbering ("messages[2].content[0]...") is
+ * set again with where that message begins in the body added, unless
+ * that is the same path: "(histd's messages[2] begins at input[1] in the
+ * body)". */
+int histd_transcript_import_error(const histd_transcript *t, int rc);
+
 /* The packed ImportResponse: append (borrowed) and the dropped lines of
  * t. *out malloc'ed; the caller frees it with free(). */
 int histd_transcript_import_reply(const Histd__V1__AppendResponse *append,

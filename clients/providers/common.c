@@ -67,6 +67,7 @@ histd_transcript_clear(histd_transcript *t)
 			histd__v1__message__free_unpacked(t->messages[i], NULL);
 	free(t->messages);
 	histd_strlist_clear(&t->dropped);
+	histd_strlist_clear(&t->origins);
 	memset(t, 0, sizeof(*t));
 }
 
@@ -394,6 +395,11 @@ histd_msg_new(histd_imp *im, Histd__V1__Role role, Histd__V1__Message **out)
 		free(m);
 		return enomem();
 	}
+	/* Where it begins, for errors; without memory for it, no origins
+	 * at all rather than shifted ones. */
+	if (t->origins.n + 1 == t->n_messages &&
+	    histd_strlist_addf(&t->origins, "%s", im->plen ? im->path : ""))
+		histd_strlist_clear(&t->origins);
 	*out = m;
 	return 0;
 }
@@ -407,6 +413,8 @@ histd_msg_drop_if_empty(histd_imp *im, Histd__V1__Message *m)
 		return 0;
 	histd__v1__message__free_unpacked(m, NULL);
 	t->messages[--t->n_messages] = NULL;
+	if (t->origins.n == t->n_messages + 1)
+		free(t->origins.v[--t->origins.n]);
 	return histd_imp_drop(im, "a message with no content histd keeps");
 }
 
@@ -1600,22 +1608,31 @@ histd_transcript_from_json(Histd__V1__Format format, const char *json,
 	/* A provider message with nothing histd keeps (only dropped parts,
 	 * an empty list) leaves no empty message behind. */
 	if (!rc) {
+		histd_strlist *og = &out->origins;
 		size_t o = 0;
 
+		if (og->n != out->n_messages)
+			histd_strlist_clear(og);
 		for (size_t i = 0; i < out->n_messages; i++) {
 			Histd__V1__Message *m = out->messages[i];
 
 			if (m->n_content) {
+				if (og->n)
+					og->v[o] = og->v[i];
 				out->messages[o++] = m;
 				continue;
 			}
 			histd__v1__message__free_unpacked(m, NULL);
+			if (og->n)
+				free(og->v[i]);
 			if (!rc)
 				rc = histd_strlist_addf(&out->dropped,
 					"a message with no content histd "
 					"keeps");
 		}
 		out->n_messages = o;
+		if (og->n)
+			og->n = o;
 	}
 	json_decref(root);
 	histd_calls_free(im.calls, im.n_calls);

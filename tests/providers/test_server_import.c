@@ -50,14 +50,14 @@ teardown(void **state)
 #define RESP(name) "{\"role\":\"user\",\"parts\":[{\"functionResponse\":" \
 	"{\"name\":\"" name "\",\"response\":{\"r\":1}}}]}"
 
-/* Imports a Gemini body with idempotency key key (may be ""); returns the
- * status code, with the details in details (may be NULL) when it is not
- * OK, and the answer's first_seq and replayed in *first_seq and *replayed
- * (may be NULL) when it is. */
+/* Imports a body of format with idempotency key key (may be ""); returns
+ * the status code, with the details in details (may be NULL) when it is
+ * not OK, and the answer's first_seq and replayed in *first_seq and
+ * *replayed (may be NULL) when it is. */
 static grpc_status_code
-import_gemini_key(const char *session_id, const char *body, const char *key,
-		  char *details, size_t dlen, uint64_t *first_seq,
-		  int *replayed)
+import_body(Histd__V1__Format format, const char *session_id,
+	    const char *body, const char *key, char *details, size_t dlen,
+	    uint64_t *first_seq, int *replayed)
 {
 	Histd__V1__ImportRequest ir = HISTD__V1__IMPORT_REQUEST__INIT;
 	Histd__V1__ImportResponse *resp = NULL;
@@ -65,7 +65,7 @@ import_gemini_key(const char *session_id, const char *body, const char *key,
 	histd_status st;
 
 	ir.session_id = (char *)session_id;
-	ir.format = HISTD__V1__FORMAT__FORMAT_GEMINI;
+	ir.format = format;
 	ir.json = (char *)body;
 	ir.idempotency_key = (char *)key;
 	histd_status_init(&st);
@@ -90,8 +90,8 @@ static grpc_status_code
 import_gemini(const char *session_id, const char *body, char *details,
 	      size_t dlen)
 {
-	return import_gemini_key(session_id, body, "", details, dlen, NULL,
-				 NULL);
+	return import_body(HISTD__V1__FORMAT__FORMAT_GEMINI, session_id, body,
+			   "", details, dlen, NULL, NULL);
 }
 
 /* The user says hi; the model calls f (no id): one Import. */
@@ -235,11 +235,11 @@ retried_import_of_an_id_less_response_is_replayed(void **state)
 
 	(void)state;
 	import_one_call(id);
-	assert_int_equal(import_gemini_key(id, body, "turn-2", NULL, 0,
+	assert_int_equal(import_body(HISTD__V1__FORMAT__FORMAT_GEMINI, id, body, "turn-2", NULL, 0,
 					   &first, &replayed),
 			 GRPC_STATUS_OK);
 	assert_int_equal(replayed, 0);
-	assert_int_equal(import_gemini_key(id, body, "turn-2", details,
+	assert_int_equal(import_body(HISTD__V1__FORMAT__FORMAT_GEMINI, id, body, "turn-2", details,
 					   sizeof(details), &again,
 					   &replayed),
 			 GRPC_STATUS_OK);
@@ -247,12 +247,69 @@ retried_import_of_an_id_less_response_is_replayed(void **state)
 	assert_int_equal(again, first);
 	assert_results_answer_calls(id, 1);
 	/* A key never used: the body's own error. */
-	assert_int_equal(import_gemini_key(id, body, "turn-3", details,
+	assert_int_equal(import_body(HISTD__V1__FORMAT__FORMAT_GEMINI, id, body, "turn-3", details,
 					   sizeof(details), NULL, NULL),
 			 GRPC_STATUS_INVALID_ARGUMENT);
 	assert_non_null(strstr(details, "contents[0].parts[0]."
 			       "functionResponse.name"));
 	free(id);
+}
+
+/* An error the append finds names histd's message; the body's numbering
+ * differs (a system prompt, items grouped), so the message says where in
+ * the body that message begins, and says nothing more when both agree. */
+static void
+append_errors_say_where_the_message_begins_in_the_body(void **state)
+{
+	static const struct {
+		Histd__V1__Format format;
+		const char *body, *origin;
+	} cases[] = {
+		{ HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES,
+		  "{\"system\":\"s\",\"messages\":[{\"role\":\"user\","
+		  "\"content\":\"q\"},{\"role\":\"user\",\"content\":[{"
+		  "\"type\":\"tool_result\",\"tool_use_id\":\"zz\","
+		  "\"content\":\"r\"}]}]}",
+		  " (histd's messages[2] begins at messages[1] in the body)" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"instructions\":\"s\",\"input\":[{\"role\":\"user\","
+		  "\"content\":\"q\"},{\"type\":\"function_call_output\","
+		  "\"call_id\":\"zz\",\"output\":\"r\"}]}",
+		  " (histd's messages[2] begins at input[1] in the body)" },
+		{ HISTD__V1__FORMAT__FORMAT_GEMINI,
+		  "{\"systemInstruction\":{\"parts\":[{\"text\":\"s\"}]},"
+		  "\"contents\":[" USER_HI ",{\"role\":\"user\",\"parts\":"
+		  "[{\"functionResponse\":{\"id\":\"zz\",\"name\":\"f\","
+		  "\"response\":{}}}]}]}",
+		  " (histd's messages[2] begins at contents[1] in the body)" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT,
+		  "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+		  "{\"role\":\"tool\",\"tool_call_id\":\"zz\","
+		  "\"content\":\"r\"}]}",
+		  "" },
+	};
+	const char *what = "messages[%u].content[0].tool_result.tool_call_id "
+			   "does not answer an open tool call%s";
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char *id = t_create_session(client, NULL);
+		char details[512], want[512];
+		Histd__V1__GetMessagesResponse *raw;
+
+		assert_int_equal(import_body(cases[i].format, id,
+					     cases[i].body, "", details,
+					     sizeof(details), NULL, NULL),
+				 GRPC_STATUS_INVALID_ARGUMENT);
+		snprintf(want, sizeof(want), what, cases[i].origin[0] ? 2 : 1,
+			 cases[i].origin);
+		assert_string_equal(details, want);
+		/* Nothing was stored. */
+		raw = t_get_raw(client, id, 0, 10);
+		assert_int_equal(raw->n_messages, 0);
+		histd_client_message_free(&raw->base);
+		free(id);
+	}
 }
 
 static void
@@ -282,6 +339,8 @@ main(int argc, char **argv)
 		cmocka_unit_test(a_call_older_than_the_tail_is_not_seen),
 		cmocka_unit_test(
 			retried_import_of_an_id_less_response_is_replayed),
+		cmocka_unit_test(
+			append_errors_say_where_the_message_begins_in_the_body),
 		cmocka_unit_test(an_unknown_session_stays_not_found),
 	};
 
