@@ -934,6 +934,12 @@ known_key(const char *k, const char *const *known)
 	return 0;
 }
 
+/*
+ * Keys that begin with '$' are histd's marks in provider_state ("$content",
+ * "$thinking"). A body's own member of such a name is kept under one '$'
+ * more ("$meta" as "$$meta"), so that it can never read as a mark, and
+ * histd_extras_apply gives it back its name.
+ */
 int
 histd_extras_into(json_t *dst, const char *sub, json_t *src,
 		  const char *const *known)
@@ -945,7 +951,10 @@ histd_extras_into(json_t *dst, const char *sub, json_t *src,
 	if (!json_is_object(src))
 		return 0;
 	json_object_foreach(src, k, v) {
-		if (k[0] == '$' || known_key(k, known))
+		char *esc = NULL;
+		int rc;
+
+		if (known_key(k, known))
 			continue;
 		if (sub && !made) {
 			if (!(into = json_object()) ||
@@ -953,7 +962,11 @@ histd_extras_into(json_t *dst, const char *sub, json_t *src,
 				return enomem();
 			made = 1;
 		}
-		if (json_object_set(into, k, v))
+		if (k[0] == '$' && asprintf(&esc, "$%s", k) < 0)
+			return enomem();
+		rc = json_object_set(into, esc ? esc : k, v);
+		free(esc);
+		if (rc)
 			return enomem();
 	}
 	return 0;
@@ -1137,9 +1150,12 @@ histd_extras_apply(json_t *obj, json_t *x, const char *sub)
 	if (!x || !json_is_object(x))
 		return 0;
 	json_object_foreach(x, k, v) {
-		if (k[0] == '$' || json_object_get(obj, k))
+		const char *name = k[0] == '$' ? k + 1 : k;
+
+		/* A mark, or a member the export has written itself. */
+		if ((k[0] == '$' && k[1] != '$') || json_object_get(obj, name))
 			continue;
-		if (json_object_set(obj, k, v))
+		if (json_object_set(obj, name, v))
 			return enomem();
 	}
 	return 0;
