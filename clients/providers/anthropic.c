@@ -600,7 +600,8 @@ exp_block(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 		}
 		break;
 	case HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL: {
-		json_t *in = histd_args_value(b->tool_call->arguments);
+		json_t *in = histd_args_value(ex, i, j,
+					      b->tool_call->arguments);
 
 		if (in && !json_is_object(in)) {
 			json_t *w = json_object();
@@ -611,8 +612,6 @@ exp_block(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 			histd_exp_drop(ex, i, j, "tool arguments that are not "
 				       "an object, wrapped as {\"value\": ...}");
 		}
-		if (!in)
-			in = json_object();
 		if (!in || set_new(o, "type", json_string("tool_use")) ||
 		    set_new(o, "id", json_string(b->tool_call->id)) ||
 		    set_new(o, "name", json_string(b->tool_call->name)) ||

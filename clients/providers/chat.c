@@ -773,7 +773,7 @@ out:
 }
 
 static int
-exp_call(const histd_chat_dialect *d, histd_exp *ex,
+exp_call(const histd_chat_dialect *d, histd_exp *ex, size_t i, long j,
 	 const Histd__V1__ContentBlock *b, json_t *calls)
 {
 	const Histd__V1__ToolCallBlock *c = b->tool_call;
@@ -791,7 +791,7 @@ exp_call(const histd_chat_dialect *d, histd_exp *ex,
 		goto nomem;
 	args = histd_mark_str(x, "$args");
 	if (args && !strcmp(args, "object") && d->args_object) {
-		json_t *a = histd_args_value(c->arguments);
+		json_t *a = histd_args_value(ex, i, j, c->arguments);
 
 		if (!a || json_object_set_new(fn, "arguments", a))
 			goto nomem;
@@ -843,7 +843,7 @@ exp_message(const histd_chat_dialect *d, histd_exp *ex, size_t i,
 		if (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
 			continue;
 		if (b->block_case == HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL) {
-			if ((rc = exp_call(d, ex, b, calls)))
+			if ((rc = exp_call(d, ex, i, (long)j, b, calls)))
 				goto out;
 			continue;
 		}

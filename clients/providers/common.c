@@ -1253,11 +1253,27 @@ histd_usage_count(json_t *usage, const char *key)
 }
 
 json_t *
-histd_args_value(const char *arguments)
+histd_args_value(histd_exp *ex, size_t i, long j, const char *arguments)
 {
+	json_error_t err;
+	json_t *v;
+
 	if (!arguments || !*arguments)
 		return json_object();
-	return json_loads(arguments, JSON_DECODE_ANY, NULL);
+	if ((v = json_loads(arguments, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES,
+			    &err)))
+		return v;
+	if (json_error_code(&err) == json_error_duplicate_key &&
+	    (v = json_loads(arguments, JSON_DECODE_ANY, NULL))) {
+		histd_exp_drop(ex, i, j, "a key repeated in one object of the "
+			       "tool arguments (the last one kept)");
+		return v;
+	}
+	if (json_error_code(&err) == json_error_out_of_memory)
+		return NULL;
+	histd_exp_drop(ex, i, j, "tool arguments that do not parse, sent "
+		       "as {}");
+	return json_object();
 }
 
 char *

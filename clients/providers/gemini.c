@@ -544,10 +544,8 @@ exp_block(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 	}
 	case HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL: {
 		const Histd__V1__ToolCallBlock *c = b->tool_call;
-		json_t *a = histd_args_value(c->arguments);
+		json_t *a = histd_args_value(ex, i, j, c->arguments);
 
-		if (!a)
-			a = json_object();
 		if (a && !json_is_object(a)) {
 			json_t *w = json_pack("{s:o}", "value", a);
 

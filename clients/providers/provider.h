@@ -268,9 +268,12 @@ void histd_exp_drop(histd_exp *ex, size_t i, long j, const char *fmt, ...)
 /* The text of a tool result's text blocks joined with "\n"; malloc'ed or
  * NULL. *other: set when it holds non-text blocks. */
 char *histd_result_text(const Histd__V1__ToolResultBlock *r, int *other);
-/* The tool call arguments as a JSON value (new reference): "" -> {}.
- * NULL if not JSON (never for messages the server accepted). */
-json_t *histd_args_value(const char *arguments);
+/* The tool call arguments of block j of message i as a JSON value (new
+ * reference): "" -> {}. What does not go as it was is listed in dropped:
+ * a key repeated in one object (Append takes it; the last one is kept),
+ * text that does not parse (sent as {}). NULL: out of memory. */
+json_t *histd_args_value(histd_exp *ex, size_t i, long j,
+			 const char *arguments);
 /* The JSON text of v (compact, order kept); malloc'ed or NULL. */
 char *histd_json_text(json_t *v);
 

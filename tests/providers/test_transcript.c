@@ -512,6 +512,20 @@ hold_one(Histd__V1__Message *m, Histd__V1__Role role,
 	m->content = bp;
 }
 
+/* Makes m an assistant message holding one call c1 of f with arguments,
+ * as Append stores it; *bp is b, which holds c. */
+static void
+hold_call(Histd__V1__Message *m, Histd__V1__ContentBlock **bp,
+	  Histd__V1__ToolCallBlock *c, const char *arguments)
+{
+	c->id = "c1";
+	c->name = "f";
+	c->arguments = (char *)arguments;
+	(*bp)->block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL;
+	(*bp)->tool_call = c;
+	hold_one(m, HISTD__V1__ROLE__ROLE_ASSISTANT, bp);
+}
+
 /* A body in a format, for the tables of round trips below. */
 typedef struct body_case {
 	Histd__V1__Format f;
@@ -567,12 +581,7 @@ empty_instructions_and_arguments_round_trip(void **state)
 	assert_bodies_round_trip("empty", cases,
 				 sizeof(cases) / sizeof(cases[0]));
 	/* Appended, not imported: "" is "no arguments", sent as "{}". */
-	c.id = "c1";
-	c.name = "f";
-	c.arguments = "";
-	b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL;
-	b.tool_call = &c;
-	hold_one(&m, HISTD__V1__ROLE__ROLE_ASSISTANT, &bp);
+	hold_call(&m, &bp, &c, "");
 	for (size_t f = 1; f < sizeof(formats) / sizeof(formats[0]); f++) {
 		if (formats[f] == HISTD__V1__FORMAT__FORMAT_GEMINI)
 			continue;
@@ -581,6 +590,43 @@ empty_instructions_and_arguments_round_trip(void **state)
 		assert_non_null(strstr(out, "\"arguments\":\"{}\""));
 		assert_null(strstr(out, "instructions"));
 		free(out);
+	}
+}
+
+/* Arguments an Append stored with a key twice in one object go to the
+ * formats that take an object with the last one, and that is listed;
+ * formats that take the text send it as it is. */
+static void
+repeated_argument_keys_are_listed_where_an_object_goes(void **state)
+{
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT, *mp = &m;
+	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT, *bp = &b;
+	Histd__V1__ToolCallBlock c = HISTD__V1__TOOL_CALL_BLOCK__INIT;
+
+	(void)state;
+	hold_call(&m, &bp, &c, "{\"a\":1,\"a\":2}");
+	for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
+		int object = formats[f] ==
+				     HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES ||
+			     formats[f] == HISTD__V1__FORMAT__FORMAT_GEMINI;
+		histd_strlist dropped = { 0 };
+		char *out = NULL;
+
+		assert_int_equal(histd_transcript_to_json(formats[f], &mp, 1,
+							  &out, &dropped), 0);
+		if (object) {
+			assert_non_null(strstr(out, "{\"a\":2}"));
+			assert_int_equal(dropped.n, 1);
+			assert_string_equal(dropped.v[0], "messages[0].content[0]: "
+					    "a key repeated in one object of "
+					    "the tool arguments (the last one "
+					    "kept)");
+		} else {
+			assert_non_null(strstr(out, "{\\\"a\\\":1,"));
+			assert_int_equal(dropped.n, 0);
+		}
+		free(out);
+		histd_strlist_clear(&dropped);
 	}
 }
 
@@ -661,6 +707,8 @@ main(void)
 		cmocka_unit_test(empty_data_uri_stays_a_url),
 		cmocka_unit_test(keys_with_control_bytes_stay_on_one_line),
 		cmocka_unit_test(empty_instructions_and_arguments_round_trip),
+		cmocka_unit_test(
+			repeated_argument_keys_are_listed_where_an_object_goes),
 		cmocka_unit_test(responses_image_without_detail_round_trips),
 		cmocka_unit_test(chat_members_a_role_does_not_read_round_trip),
 	};
