@@ -539,6 +539,7 @@ struct histd_sub {
 	histd_event *in_flight;
 	uint64_t snapshot_rev;
 	uint64_t delivered_seq;       /* highest last_seq sent ok */
+	uint64_t sent_rev;            /* highest revision handed to send */
 	int started;
 	int ended;                    /* finished or broken: send no more */
 	int deleted_queued;
@@ -739,6 +740,36 @@ sub_end(histd_sub *s, int err, const char *msg)
 	s->ops.finish(s->stream, err, msg, resume);
 }
 
+/*
+ * A plugin error carries the revision its reporter read, which a change
+ * committed meanwhile may already have passed (or a snapshot, for an error
+ * queued before the replay). History is unchanged by the failure, so it is
+ * just as true at the later revision: a copy of ev at `revision`, with one
+ * reference; NULL if out of memory (the error then goes out as it came).
+ */
+static histd_event *
+event_restamped(const histd_event *ev, uint64_t revision)
+{
+	Histd__V1__HistoryEvent *e;
+	histd_event *out = NULL;
+	size_t len;
+
+	e = histd__v1__history_event__unpack(NULL, ev->len, ev->data);
+	if (!e)
+		return NULL;
+	e->revision = revision;
+	len = histd__v1__history_event__get_packed_size(e);
+	if ((out = malloc(sizeof(*out) + len))) {
+		out->refs = 1;
+		out->kind = ev->kind;
+		out->revision = revision;
+		out->last_seq = ev->last_seq;
+		out->len = histd__v1__history_event__pack(e, out->data);
+	}
+	histd__v1__history_event__free_unpacked(e, NULL);
+	return out;
+}
+
 /* Starts the next send if the subscriber may send and nothing is in
  * flight: replay events first, then live ones. */
 static void
@@ -758,6 +789,18 @@ sub_pump(histd_sub *s)
 	} else {
 		return;
 	}
+	/* Events go out in revision order, plugin errors too. */
+	if ((int)ev->kind == HISTD_EVENT_PLUGIN_ERROR &&
+	    ev->revision < s->sent_rev) {
+		histd_event *later = event_restamped(ev, s->sent_rev);
+
+		if (later) {
+			histd_event_unref(ev);
+			ev = later;
+		}
+	}
+	if (ev->revision > s->sent_rev)
+		s->sent_rev = ev->revision;
 	s->in_flight = ev;
 	if (s->ops.send(s->stream, ev) != 0) {
 		s->in_flight = NULL;

@@ -128,8 +128,10 @@ void histd_hub_unsubscribe(histd_sub *s);
  * context pipeline's error sink, server/context.h). It is no storage
  * change: it carries the session's current revision, and a subscriber
  * whose snapshot is at that revision still receives it (the snapshot
- * filter applies to changes only). Never blocks; dropped when nobody
- * subscribes or memory runs out.
+ * filter applies to changes only). A subscriber already sent a later
+ * revision (a change that raced the report, or its snapshot) receives it
+ * at that later revision, so that its events stay in revision order.
+ * Never blocks; dropped when nobody subscribes or memory runs out.
  */
 void histd_hub_publish_plugin_error(void *hub, const char *tenant,
 				    const char *session_id, uint64_t revision,

@@ -1159,6 +1159,69 @@ deleted_ends_streams_with_ok_after_the_event_is_sent(void **state)
 	histd_hub_free(h);
 }
 
+/* A plugin error reported at a revision that a racing change (or the
+ * snapshot) already passed goes out at the later revision, its text
+ * unchanged: events stay in revision order. */
+static void
+plugin_error_older_than_what_was_sent_keeps_revision_order(void **state)
+{
+	histd_hub *h = hub_new(16, 0, 0);
+	struct fake *f = fake_new(FAKE_MANUAL);
+	histd_record *v = make_msgs(1, 2);
+	histd_records r = records_of(v, 2);
+	histd_event **replay;
+	size_t n_replay, i;
+	Histd__V1__HistoryEvent *e;
+	/* kind (0: appended, 1: plugin error) and revision, in send order */
+	static const struct { int pe; uint64_t rev; } want[] = {
+		{ 0, 5 }, { 1, 5 }, { 0, 6 }, { 1, 6 }, { 1, 7 }, { 0, 8 },
+	};
+
+	(void)state;
+	assert_int_equal(subscribe(h, "s1", f), 0);
+	/* Reported at revision 2 while the snapshot (revision 5) is read. */
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 2, "compaction",
+				       "first", 1);
+	hub_sync(h);
+	assert_int_equal(histd_event_replay("s1", 5, &r, 0, 0, 64, &replay,
+					    &n_replay), 0);
+	histd_hub_start(f->sub, replay, n_replay, 5);
+	free(replay);
+	/* The reporter read revision 5, an append committed revision 6
+	 * before its report reached the hub. */
+	notify_append(h, "s1", 6, 3, 1);
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 5, "compaction",
+				       "second", 0);
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 7, "window", "third",
+				       1);
+	notify_append(h, "s1", 8, 4, 1);
+
+	for (i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		assert_int_equal(fake_wait_sent(f, i + 1), i + 1);
+		e = decode(f->evs[i]);
+		assert_int_equal(e->event_case, want[i].pe ?
+				 HISTD__V1__HISTORY_EVENT__EVENT_PLUGIN_ERROR :
+				 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+		assert_int_equal(e->revision, want[i].rev);
+		assert_int_equal(f->evs[i]->revision, want[i].rev);
+		assert_string_equal(e->session_id, "s1");
+		if (want[i].pe) {
+			assert_string_equal(e->plugin_error->message,
+					    i == 1 ? "first" :
+					    i == 3 ? "second" : "third");
+			assert_int_equal(e->plugin_error->will_retry, i != 3);
+		}
+		histd__v1__history_event__free_unpacked(e, NULL);
+		assert_int_equal(fake_complete(f, 1), 0);
+	}
+	assert_int_equal(f->fin_calls, 0);
+	assert_contract_kept(f);
+	fake_close(f);
+	fake_free(f);
+	free_msgs(v, 2);
+	histd_hub_free(h);
+}
+
 static void
 shutdown_finishes_every_stream_unavailable(void **state)
 {
@@ -1783,6 +1846,7 @@ main(void)
 		cmocka_unit_test(queue_overflow_before_start_ends_the_subscriber),
 		cmocka_unit_test(one_send_in_flight_with_completions_from_another_thread),
 		cmocka_unit_test(deleted_ends_streams_with_ok_after_the_event_is_sent),
+		cmocka_unit_test(plugin_error_older_than_what_was_sent_keeps_revision_order),
 		cmocka_unit_test(shutdown_finishes_every_stream_unavailable),
 		cmocka_unit_test(subscriber_limits_answer_elimit),
 		cmocka_unit_test(unsubscribe_mid_flight_frees_its_queue_and_spares_the_others),
