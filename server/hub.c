@@ -459,43 +459,65 @@ histd_event_from_change(const histd_change *c)
 	return NULL;
 }
 
+/* Room in a replay event for everything but its messages: the session id
+ * (at most 128 characters), revision, time and the oneof's own framing. */
+#define REPLAY_EVENT_OVERHEAD 512
+
+/* How many of the n records from v fit one replay event: at most chunk,
+ * at most max_bytes of event (0: no byte bound), and at least one. */
+static size_t
+replay_take(const histd_record *v, size_t n, size_t chunk, size_t max_bytes)
+{
+	size_t k, bytes = REPLAY_EVENT_OVERHEAD;
+
+	for (k = 0; k < n && k < chunk; k++) {
+		bytes += len_field_size(1, v[k].len);
+		if (max_bytes && k > 0 && bytes > max_bytes)
+			break;
+	}
+	return k ? k : 1;
+}
+
 int
 histd_event_replay(const char *session_id, uint64_t revision,
 		   const histd_records *records, int replaced,
-		   uint64_t cleared_to_seq, size_t chunk,
+		   uint64_t cleared_to_seq, size_t chunk, size_t max_bytes,
 		   histd_event ***out, size_t *n_out)
 {
 	const histd_record *v = records ? records->v : NULL;
-	size_t n = records ? records->n : 0, count, i;
+	size_t n = records ? records->n : 0, count = 0, cap, from, k;
 	histd_event **evs;
 
 	*out = NULL;
 	*n_out = 0;
 	if (!replaced && n == 0)
 		return 0;
-	if (chunk == 0 || chunk > n)
+	if (chunk == 0)
 		chunk = n ? n : 1;
-	count = replaced ? 1 : (n + chunk - 1) / chunk;
-	evs = calloc(count, sizeof(*evs));
+	/* The replaced event is bounded by bytes only: it holds as many as
+	 * fit, and appended events at the same revision hold the rest. */
+	cap = n + 1;
+	evs = calloc(cap, sizeof(*evs));
 	if (!evs)
 		goto nomem;
-	for (i = 0; i < count; i++) {
-		if (replaced) {
-			evs[i] = event_replaced(session_id, revision, v, n,
-						cleared_to_seq);
-		} else {
-			size_t from = i * chunk;
-			size_t k = n - from < chunk ? n - from : chunk;
-
-			evs[i] = event_appended(session_id, revision, v + from,
-						k);
-		}
-		if (!evs[i]) {
-			while (i--)
-				histd_event_unref(evs[i]);
+	for (from = 0; from < n || (replaced && count == 0); from += k) {
+		k = n - from ? replay_take(v + from, n - from,
+					  count == 0 && replaced ? n : chunk,
+					  max_bytes) : 0;
+		if (count == 0 && replaced)
+			evs[count] = event_replaced(session_id, revision,
+						    v + from, k,
+						    cleared_to_seq);
+		else
+			evs[count] = event_appended(session_id, revision,
+						    v + from, k);
+		if (!evs[count]) {
+			while (count--)
+				histd_event_unref(evs[count]);
 			free(evs);
 			goto nomem;
 		}
+		count++;
 	}
 	*out = evs;
 	*n_out = count;

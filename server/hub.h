@@ -52,14 +52,19 @@ histd_event *histd_event_from_change(const histd_change *c);
  * Replay events for a subscriber that starts after after_seq, from a
  * snapshot read (records with seq > after_seq at `revision`):
  * `replaced` 0: MessagesAppended events of at most `chunk` messages each;
- * `replaced` 1: one SessionReplaced event with all records (the session was
- * cleared or replaced after after_seq). Every event carries `revision`.
- * *out is a malloc'ed array of events, each with one reference; 0 events
- * when there is nothing to replay (and not replaced). Returns 0 or ENOMEM.
+ * `replaced` 1: one SessionReplaced event first (the session was cleared
+ * or replaced after after_seq), holding the records from the first on.
+ * No event is larger than max_bytes (0: no bound) unless it holds a single
+ * record: a client's receive limit (gRPC's default is 4 MiB) must not
+ * refuse a replay that GetMessages pages would return. The records that do
+ * not fit follow in MessagesAppended events. Every event carries
+ * `revision`. *out is a malloc'ed array of events, each with one
+ * reference; 0 events when there is nothing to replay (and not replaced).
+ * Returns 0 or ENOMEM.
  */
 int histd_event_replay(const char *session_id, uint64_t revision,
 		       const histd_records *records, int replaced,
-		       uint64_t cleared_to_seq, size_t chunk,
+		       uint64_t cleared_to_seq, size_t chunk, size_t max_bytes,
 		       histd_event ***out, size_t *n_out);
 
 typedef struct histd_sub_ops {

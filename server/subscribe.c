@@ -267,7 +267,8 @@ histd_subscribe_begin(struct histd_call *c)
 				     " is past the session's last seq %" PRIu64,
 				     req->after_seq, res.last_seq);
 	/* Cleared at or after after_seq: the replay is one Replaced event
-	 * holding every stored message, also the system messages at or below
+	 * holding every stored message (those past the size of one event in
+	 * Appended events after it), also the system messages at or below
 	 * after_seq that a truncate (retention) kept. At after_seq equal to
 	 * cleared_to_seq the subscriber may have seen those seqs stored, so it
 	 * must learn they are gone. */
@@ -288,6 +289,7 @@ histd_subscribe_begin(struct histd_call *c)
 					&res.records,
 					replaced,
 					res.cleared_to_seq, REPLAY_CHUNK,
+					s->cfg->service.max_response_bytes,
 					&replay, &n_replay);
 	histd_read_result_clear(&res);
 	if (rc != 0) {

@@ -236,6 +236,101 @@ static void replay_after_clear_is_one_replaced_event(void **state)
 	free(id);
 }
 
+/* Appends n user messages of `bytes` characters each, one per Append. */
+static void append_big(const char *id, size_t n, size_t bytes)
+{
+	char *text = malloc(bytes + 1);
+	assert_non_null(text);
+	memset(text, 'x', bytes);
+	text[bytes] = '\0';
+	for (size_t i = 0; i < n; i++) {
+		tarena *a = ta_new();
+		Histd__V1__AppendRequest rq = HISTD__V1__APPEND_REQUEST__INIT;
+		Histd__V1__AppendResponse *ar = NULL;
+		Histd__V1__Message *m = tm_text(a, HISTD__V1__ROLE__ROLE_USER, text);
+		histd_status st;
+		histd_status_init(&st);
+		rq.session_id = (char *)id;
+		rq.n_messages = 1;
+		rq.messages = &m;
+		t_call(client, "Append", &rq,
+		       &histd__v1__append_response__descriptor, &ar, &st);
+		assert_status(&st, GRPC_STATUS_OK);
+		histd_client_message_free(&ar->base);
+		histd_status_reset(&st);
+		ta_free(a);
+	}
+	free(text);
+}
+
+/* A client with gRPC's default receive limit (4 MiB) reads a replay of
+ * 64 messages of 100 KB (6.4 MB, which GetMessages pages), after a Clear
+ * too: no replay event is larger than a GetMessages page. The Replaced
+ * event comes first; the messages that do not fit it follow as appended
+ * events at the same revision. */
+static void replay_of_big_messages_fits_a_default_client(void **state)
+{
+	(void)state;
+	histd_client *plain = NULL;
+	histd_client_options opt = HISTD_CLIENT_OPTIONS_INIT;
+	assert_int_equal(histd_client_open_ex(server->target, &opt,
+					      &plain), 0);
+	char *id = t_create_session(client, "replay-big");
+	append_big(id, 64, 100000);
+
+	for (int cleared = 0; cleared <= 1; cleared++) {
+		uint64_t first = cleared ? 65 : 1, next = first, revision = 0;
+		if (cleared) {
+			Histd__V1__ClearRequest cl = HISTD__V1__CLEAR_REQUEST__INIT;
+			Histd__V1__ClearResponse *cr = NULL;
+			histd_status st;
+			histd_status_init(&st);
+			cl.session_id = id;
+			t_call(client, "Clear", &cl,
+			       &histd__v1__clear_response__descriptor, &cr, &st);
+			assert_status(&st, GRPC_STATUS_OK);
+			histd_client_message_free(&cr->base);
+			histd_status_reset(&st);
+			append_big(id, 64, 100000);
+		}
+		histd_client_stream *s = t_subscribe(plain, id, 0);
+		int res, events = 0;
+		while (next < first + 64) {
+			Histd__V1__HistoryEvent *ev = t_next_event(s, 20000, &res);
+			if (!ev && res == HISTD_STREAM_END)
+				t_print_status("stream status",
+					       histd_client_stream_status(s));
+			assert_int_equal(res, HISTD_STREAM_MESSAGE);
+			Histd__V1__Message **ms;
+			size_t n;
+			if (cleared && events == 0) {
+				assert_int_equal(ev->event_case,
+						 HISTD__V1__HISTORY_EVENT__EVENT_REPLACED);
+				assert_int_equal(ev->replaced->cleared_to_seq, 64);
+				ms = ev->replaced->messages;
+				n = ev->replaced->n_messages;
+			} else {
+				assert_int_equal(ev->event_case,
+						 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+				ms = ev->appended->messages;
+				n = ev->appended->n_messages;
+			}
+			assert_true(n > 0);
+			assert_true(revision == 0 || ev->revision == revision);
+			revision = ev->revision;
+			for (size_t i = 0; i < n; i++)
+				assert_int_equal(ms[i]->seq, next++);
+			histd_client_message_free(&ev->base);
+			events++;
+		}
+		assert_true(events > 1);
+		expect_silence(s, 200);
+		histd_client_stream_close(s);
+	}
+	histd_client_close(plain);
+	free(id);
+}
+
 /* A Replace leaves the subscriber that saw every old message (after_seq
  * equal to cleared_to_seq) one Replaced event, not the new messages as
  * appended to the old. */
@@ -571,6 +666,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(replay_then_live_has_no_gap_or_duplicate_under_concurrent_appends),
 		cmocka_unit_test(replay_after_clear_is_one_replaced_event),
 		cmocka_unit_test(resume_at_the_last_replaced_seq_gets_the_replaced_event),
+		cmocka_unit_test(replay_of_big_messages_fits_a_default_client),
 		cmocka_unit_test(subscribe_past_the_last_seq_is_invalid),
 		cmocka_unit_test(every_kind_of_change_arrives_live_in_revision_order),
 		cmocka_unit_test(events_of_other_sessions_do_not_arrive),

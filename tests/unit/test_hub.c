@@ -791,7 +791,7 @@ replay_chunks_messages_in_order(void **state)
 	size_t n = 0, i, seq = 21;
 
 	(void)state;
-	assert_int_equal(histd_event_replay("s1", 30, &r, 0, 0, 2, &evs, &n), 0);
+	assert_int_equal(histd_event_replay("s1", 30, &r, 0, 0, 2, 0, &evs, &n), 0);
 	assert_int_equal(n, 3);
 	for (i = 0; i < n; i++) {
 		Histd__V1__HistoryEvent *e = decode(evs[i]);
@@ -824,12 +824,12 @@ replay_of_nothing_is_no_event_unless_replaced(void **state)
 	Histd__V1__HistoryEvent *e;
 
 	(void)state;
-	assert_int_equal(histd_event_replay("s1", 3, &empty, 0, 0, 64, &evs,
+	assert_int_equal(histd_event_replay("s1", 3, &empty, 0, 0, 64, 0, &evs,
 					    &n), 0);
 	assert_int_equal(n, 0);
 	assert_null(evs);
 
-	assert_int_equal(histd_event_replay("s1", 3, &empty, 1, 17, 64, &evs,
+	assert_int_equal(histd_event_replay("s1", 3, &empty, 1, 17, 64, 0, &evs,
 					    &n), 0);
 	assert_int_equal(n, 1);
 	assert_int_equal(evs[0]->kind, HISTD_CHANGE_REPLACED);
@@ -853,7 +853,7 @@ replay_replaced_is_one_event_with_every_message(void **state)
 	Histd__V1__HistoryEvent *e;
 
 	(void)state;
-	assert_int_equal(histd_event_replay("s1", 9, &r, 1, 50, 64, &evs, &n),
+	assert_int_equal(histd_event_replay("s1", 9, &r, 1, 50, 64, 0, &evs, &n),
 			 0);
 	assert_int_equal(n, 1);
 	assert_int_equal(evs[0]->last_seq, 180);
@@ -864,6 +864,66 @@ replay_replaced_is_one_event_with_every_message(void **state)
 		assert_msg(e->replaced->messages[i], 51 + i);
 	histd__v1__history_event__free_unpacked(e, NULL);
 	histd_event_unref(evs[0]);
+	free(evs);
+	free_msgs(v, 130);
+}
+
+/* Events of at most max_bytes (each holds at least one message), in seq
+ * order; a replaced replay is the Replaced event, then appended ones, all
+ * at the snapshot's revision. */
+static void
+replay_events_stay_within_max_bytes(void **state)
+{
+	histd_record *v = make_msgs(51, 130);
+	histd_records r = records_of(v, 130);
+	histd_event **evs = NULL;
+	size_t n = 0, i, k, max_bytes = 1200;
+	uint64_t seq;
+	int replaced;
+
+	(void)state;
+	for (replaced = 0; replaced <= 1; replaced++) {
+		assert_int_equal(histd_event_replay("s1", 9, &r, replaced, 50, 64,
+						    max_bytes, &evs, &n), 0);
+		assert_true(n > 130 * v[0].len / max_bytes);
+		for (i = 0, seq = 51; i < n; i++) {
+			Histd__V1__HistoryEvent *e = decode(evs[i]);
+			Histd__V1__Message **ms;
+			size_t nm;
+
+			assert_true(evs[i]->len <= max_bytes);
+			assert_int_equal(e->revision, 9);
+			if (replaced && i == 0) {
+				assert_int_equal(e->event_case,
+						 HISTD__V1__HISTORY_EVENT__EVENT_REPLACED);
+				assert_int_equal(e->replaced->cleared_to_seq, 50);
+				ms = e->replaced->messages;
+				nm = e->replaced->n_messages;
+			} else {
+				assert_int_equal(e->event_case,
+						 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+				ms = e->appended->messages;
+				nm = e->appended->n_messages;
+			}
+			assert_true(nm > 0);
+			for (k = 0; k < nm; k++)
+				assert_msg(ms[k], seq++);
+			assert_int_equal(evs[i]->last_seq, seq - 1);
+			histd__v1__history_event__free_unpacked(e, NULL);
+			histd_event_unref(evs[i]);
+		}
+		assert_int_equal(seq, 181);
+		free(evs);
+	}
+
+	/* A bound below one message still sends each message, one per event. */
+	assert_int_equal(histd_event_replay("s1", 9, &r, 1, 50, 64, 10, &evs,
+					    &n), 0);
+	assert_int_equal(n, 130);
+	for (i = 0; i < n; i++) {
+		assert_int_equal(evs[i]->last_seq, 51 + i);
+		histd_event_unref(evs[i]);
+	}
 	free(evs);
 	free_msgs(v, 130);
 }
@@ -892,7 +952,7 @@ replay_then_live_without_gap_or_duplicate(void **state)
 	assert_int_equal(fake_count(f), 0);    /* nothing before start */
 
 	/* The snapshot was read at revision 5: seqs 1..4. */
-	assert_int_equal(histd_event_replay("s1", 5, &r, 0, 0, 3, &replay,
+	assert_int_equal(histd_event_replay("s1", 5, &r, 0, 0, 3, 0, &replay,
 					    &n_replay), 0);
 	assert_int_equal(n_replay, 2);
 	histd_hub_start(f->sub, replay, n_replay, 5);
@@ -1032,7 +1092,7 @@ replay_events_do_not_count_against_the_queue(void **state)
 
 	(void)state;
 	assert_int_equal(subscribe(h, "s1", f), 0);
-	assert_int_equal(histd_event_replay("s1", 3, &r, 0, 0, 1, &replay,
+	assert_int_equal(histd_event_replay("s1", 3, &r, 0, 0, 1, 0, &replay,
 					    &n_replay), 0);
 	assert_int_equal(n_replay, 10);
 	histd_hub_start(f->sub, replay, n_replay, 3);
@@ -1072,7 +1132,7 @@ queue_overflow_before_start_ends_the_subscriber(void **state)
 	assert_int_equal(f->resume, 0);
 
 	/* Starting it afterwards sends nothing and frees the replay. */
-	assert_int_equal(histd_event_replay("s1", 3, &r, 0, 0, 1, &replay,
+	assert_int_equal(histd_event_replay("s1", 3, &r, 0, 0, 1, 0, &replay,
 					    &n_replay), 0);
 	histd_hub_start(f->sub, replay, n_replay, 3);
 	free(replay);
@@ -1101,7 +1161,7 @@ one_send_in_flight_with_completions_from_another_thread(void **state)
 		assert_int_equal(subscribe(h, "s1", f[k]), 0);
 	}
 	for (k = 0; k < 3; k++) {
-		assert_int_equal(histd_event_replay("s1", 1, &r, 0, 0, 1,
+		assert_int_equal(histd_event_replay("s1", 1, &r, 0, 0, 1, 0,
 						    &replay, &n_replay), 0);
 		histd_hub_start(f[k]->sub, replay, n_replay, 1);
 		free(replay);
@@ -1183,7 +1243,7 @@ plugin_error_older_than_what_was_sent_keeps_revision_order(void **state)
 	histd_hub_publish_plugin_error(h, TENANT, "s1", 2, "compaction",
 				       "first", 1);
 	hub_sync(h);
-	assert_int_equal(histd_event_replay("s1", 5, &r, 0, 0, 64, &replay,
+	assert_int_equal(histd_event_replay("s1", 5, &r, 0, 0, 64, 0, &replay,
 					    &n_replay), 0);
 	histd_hub_start(f->sub, replay, n_replay, 5);
 	free(replay);
@@ -1608,7 +1668,7 @@ event_builders_fail_cleanly_out_of_memory(void **state)
 	for (k = 0;; k++) {
 		alloc_fail_in = k;
 		alloc_counting = 1;
-		rc = histd_event_replay("s1", 3, &r, 0, 0, 2, &evs, &n);
+		rc = histd_event_replay("s1", 3, &r, 0, 0, 2, 0, &evs, &n);
 		alloc_counting = 0;
 		alloc_fail_in = -1;
 		if (rc == 0)
@@ -1837,6 +1897,7 @@ main(void)
 		cmocka_unit_test(replay_chunks_messages_in_order),
 		cmocka_unit_test(replay_of_nothing_is_no_event_unless_replaced),
 		cmocka_unit_test(replay_replaced_is_one_event_with_every_message),
+		cmocka_unit_test(replay_events_stay_within_max_bytes),
 		cmocka_unit_test(event_builders_fail_cleanly_out_of_memory),
 		cmocka_unit_test(hub_new_refuses_a_zero_queue),
 		cmocka_unit_test(replay_then_live_without_gap_or_duplicate),
