@@ -83,7 +83,7 @@ static const struct opt opts[] = {
 	  "most messages or sessions one page returns" },
 	{ "max-response-bytes", OPT_U32, OFF(service.max_response_bytes),
 	  "4000000", "largest GetMessages page (a page ends early above it) "
-	  "and Subscribe replay event" },
+	  "and Subscribe event" },
 	{ "idempotency-ttl", OPT_SECONDS, OFF(service.idempotency_ttl_us),
 	  "86400", "seconds an idempotency key is remembered" },
 	{ "subscriber-queue", OPT_SIZE, OFF(hub.queue_max), "1024",

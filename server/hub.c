@@ -993,6 +993,60 @@ end_for_ticket(struct hub_session *hs, uint64_t ticket, const char *msg)
 	pthread_mutex_unlock(&hs->lock);
 }
 
+/* Whether an appended or replaced change makes an event larger than the
+ * configured bound. */
+static int
+change_is_split(const histd_hub *h, const histd_change *c)
+{
+	size_t bytes = REPLAY_EVENT_OVERHEAD, i;
+
+	if (!h->cfg.max_event_bytes || c->n_records < 2 ||
+	    (c->kind != HISTD_CHANGE_APPENDED &&
+	     c->kind != HISTD_CHANGE_REPLACED))
+		return 0;
+	for (i = 0; i < c->n_records; i++)
+		bytes += len_field_size(1, c->records[i].len);
+	return bytes > h->cfg.max_event_bytes;
+}
+
+/* Hands a change that is too large for one event to the dispatcher as the
+ * events of a replay at its revision, under one ticket; takes over the
+ * reference on hs. Subscribers it cannot all reach are ended: those that
+ * got part of it resume after the last seq they received. */
+static void
+notify_split(histd_hub *h, struct hub_session *hs, const histd_change *c,
+	     uint64_t ticket)
+{
+	histd_records recs = {
+		.v = (histd_record *)c->records, .n = c->n_records,
+		.cap = c->n_records,
+	};
+	histd_event **evs = NULL;
+	const char *err = NULL;
+	size_t n = 0, i;
+
+	if (histd_event_replay(c->session_id, c->revision, &recs,
+			       c->kind == HISTD_CHANGE_REPLACED,
+			       c->cleared_to_seq, 0, h->cfg.max_event_bytes,
+			       &evs, &n) != 0)
+		err = "out of memory building a subscriber event; resubscribe "
+		      "to read it";
+	for (i = 0; i < n; i++) {
+		if (!err) {
+			/* Each entry holds a reference on hs. */
+			hs_ref(hs);
+			if (!(err = fifo_push(h, hs, evs[i], ticket)))
+				continue;
+			hs_unref(hs);
+		}
+		histd_event_unref(evs[i]);
+	}
+	if (err)
+		end_for_ticket(hs, ticket, err);
+	free(evs);
+	hs_unref(hs);
+}
+
 void
 histd_hub_notify(void *hub, const histd_change *c)
 {
@@ -1022,6 +1076,10 @@ histd_hub_notify(void *hub, const histd_change *c)
 		end_for_ticket(hs, ticket, "a change arrived without its "
 			       "messages; resubscribe to read them");
 		hs_unref(hs);
+		return;
+	}
+	if (change_is_split(h, c)) {
+		notify_split(h, hs, c, ticket);
 		return;
 	}
 	ev = histd_event_from_change(c);

@@ -90,6 +90,10 @@ typedef struct histd_hub_config {
 	size_t queue_max;          /* events queued per subscriber; > 0 */
 	size_t max_subscribers;    /* in total; 0: no limit */
 	size_t max_per_session;    /* per session; 0: no limit */
+	/* An appended or replaced change larger than this goes out as several
+	 * events at its revision (as a replay does, histd_event_replay), so
+	 * that a client's receive limit takes each; 0: never split. */
+	size_t max_event_bytes;
 } histd_hub_config;
 
 typedef struct histd_hub histd_hub;

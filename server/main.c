@@ -352,6 +352,8 @@ main(int argc, char **argv)
 			  NULL);
 		goto out;
 	}
+	/* No event larger than a GetMessages page, as in a replay. */
+	cfg.hub.max_event_bytes = cfg.service.max_response_bytes;
 	rc = histd_hub_new(&hub, &cfg.hub);
 	if (rc == 0 && (rc = summarizers_open(&sums, &cfg))) {
 		/* A model configured without its API key. */

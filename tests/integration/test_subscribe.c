@@ -236,23 +236,26 @@ static void replay_after_clear_is_one_replaced_event(void **state)
 	free(id);
 }
 
-/* Appends n user messages of `bytes` characters each, one per Append. */
-static void append_big(const char *id, size_t n, size_t bytes)
+/* Appends n user messages of `bytes` characters each, `per` in each
+ * Append. */
+static void append_big(const char *id, size_t n, size_t per, size_t bytes)
 {
 	char *text = malloc(bytes + 1);
 	assert_non_null(text);
 	memset(text, 'x', bytes);
 	text[bytes] = '\0';
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < n; i += per) {
 		tarena *a = ta_new();
 		Histd__V1__AppendRequest rq = HISTD__V1__APPEND_REQUEST__INIT;
 		Histd__V1__AppendResponse *ar = NULL;
-		Histd__V1__Message *m = tm_text(a, HISTD__V1__ROLE__ROLE_USER, text);
+		Histd__V1__Message **ms = ta_alloc(a, per * sizeof(*ms));
+		for (size_t k = 0; k < per; k++)
+			ms[k] = tm_text(a, HISTD__V1__ROLE__ROLE_USER, text);
 		histd_status st;
 		histd_status_init(&st);
 		rq.session_id = (char *)id;
-		rq.n_messages = 1;
-		rq.messages = &m;
+		rq.n_messages = per;
+		rq.messages = ms;
 		t_call(client, "Append", &rq,
 		       &histd__v1__append_response__descriptor, &ar, &st);
 		assert_status(&st, GRPC_STATUS_OK);
@@ -276,7 +279,7 @@ static void replay_of_big_messages_fits_a_default_client(void **state)
 	assert_int_equal(histd_client_open_ex(server->target, &opt,
 					      &plain), 0);
 	char *id = t_create_session(client, "replay-big");
-	append_big(id, 64, 100000);
+	append_big(id, 64, 1, 100000);
 
 	for (int cleared = 0; cleared <= 1; cleared++) {
 		uint64_t first = cleared ? 65 : 1, next = first, revision = 0;
@@ -291,7 +294,7 @@ static void replay_of_big_messages_fits_a_default_client(void **state)
 			assert_status(&st, GRPC_STATUS_OK);
 			histd_client_message_free(&cr->base);
 			histd_status_reset(&st);
-			append_big(id, 64, 100000);
+			append_big(id, 64, 1, 100000);
 		}
 		histd_client_stream *s = t_subscribe(plain, id, 0);
 		int res, events = 0;
@@ -327,6 +330,29 @@ static void replay_of_big_messages_fits_a_default_client(void **state)
 		expect_silence(s, 200);
 		histd_client_stream_close(s);
 	}
+	histd_client_close(plain);
+	free(id);
+}
+
+/* One Append just under the request limit (1,000 messages of 4,170
+ * bytes) makes an event a little larger, with each message's seq, time and
+ * estimate: a live subscriber with gRPC's default 4 MiB receive limit gets
+ * it as several appended events at its revision. */
+static void big_append_reaches_a_default_client_live(void **state)
+{
+	(void)state;
+	histd_client *plain = NULL;
+	histd_client_options opt = HISTD_CLIENT_OPTIONS_INIT;
+	assert_int_equal(histd_client_open_ex(server->target, &opt, &plain), 0);
+	char *id = t_create_session(client, "live-big");
+	histd_client_stream *s = t_subscribe(plain, id, 0);
+	expect_silence(s, 200);
+	append_big(id, 1000, 1000, 4170);
+	uint64_t next = 1, revision = 0;
+	read_appended_until(s, &next, 1000, &revision);
+	assert_int_equal(revision, 2);
+	expect_silence(s, 200);
+	histd_client_stream_close(s);
 	histd_client_close(plain);
 	free(id);
 }
@@ -667,6 +693,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(replay_after_clear_is_one_replaced_event),
 		cmocka_unit_test(resume_at_the_last_replaced_seq_gets_the_replaced_event),
 		cmocka_unit_test(replay_of_big_messages_fits_a_default_client),
+		cmocka_unit_test(big_append_reaches_a_default_client_live),
 		cmocka_unit_test(subscribe_past_the_last_seq_is_invalid),
 		cmocka_unit_test(every_kind_of_change_arrives_live_in_revision_order),
 		cmocka_unit_test(events_of_other_sessions_do_not_arrive),

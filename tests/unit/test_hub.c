@@ -1219,6 +1219,68 @@ deleted_ends_streams_with_ok_after_the_event_is_sent(void **state)
 	histd_hub_free(h);
 }
 
+/* A change larger than max_event_bytes goes out as several events at its
+ * revision, in seq order: appended as appended events, replaced as one
+ * Replaced event and then appended ones. Each part counts in the queue. */
+static void
+big_live_change_is_split_at_its_revision(void **state)
+{
+	histd_hub_config cfg = { .queue_max = 64, .max_event_bytes = 1200 };
+	histd_hub *h = NULL;
+	struct fake *f = fake_new(FAKE_AUTO);
+	histd_record *v = make_msgs(11, 40);
+	histd_change rc = {
+		.kind = HISTD_CHANGE_REPLACED, .tenant = TENANT,
+		.session_id = "s1", .revision = 3, .records = v,
+		.n_records = 40, .cleared_to_seq = 10,
+	};
+	size_t i, k;
+	uint64_t seq = 1;
+
+	(void)state;
+	assert_int_equal(histd_hub_new(&h, &cfg), 0);
+	assert_int_equal(subscribe(h, "s1", f), 0);
+	histd_hub_start(f->sub, NULL, 0, 1);
+	notify_append(h, "s1", 2, 1, 10);
+	histd_hub_notify(h, &rc);
+	notify_append(h, "s1", 4, 51, 1);
+	for (i = 0; seq < 52; i++) {
+		Histd__V1__HistoryEvent *e;
+		Histd__V1__Message **ms;
+		size_t nm;
+
+		assert_true(fake_wait_sent(f, i + 1) >= i + 1);
+		e = decode(f->evs[i]);
+
+		assert_true(f->evs[i]->len <= 1200);
+		if (e->event_case == HISTD__V1__HISTORY_EVENT__EVENT_REPLACED) {
+			assert_int_equal(seq, 11);
+			assert_int_equal(e->replaced->cleared_to_seq, 10);
+			ms = e->replaced->messages;
+			nm = e->replaced->n_messages;
+		} else {
+			assert_int_equal(e->event_case,
+					 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+			assert_true(seq != 11);
+			ms = e->appended->messages;
+			nm = e->appended->n_messages;
+		}
+		assert_int_equal(e->revision, seq <= 10 ? 2 : seq <= 50 ? 3 : 4);
+		for (k = 0; k < nm; k++)
+			assert_msg(ms[k], seq++);
+		histd__v1__history_event__free_unpacked(e, NULL);
+	}
+	assert_true(i > 2 + 50 * v[0].len / 1200);
+	hub_sync(h);
+	assert_int_equal(fake_count(f), i);
+	assert_int_equal(f->fin_calls, 0);
+	assert_contract_kept(f);
+	fake_close(f);
+	fake_free(f);
+	free_msgs(v, 40);
+	histd_hub_free(h);
+}
+
 /* A plugin error reported at a revision that a racing change (or the
  * snapshot) already passed goes out at the later revision, its text
  * unchanged: events stay in revision order. */
@@ -1908,6 +1970,7 @@ main(void)
 		cmocka_unit_test(one_send_in_flight_with_completions_from_another_thread),
 		cmocka_unit_test(deleted_ends_streams_with_ok_after_the_event_is_sent),
 		cmocka_unit_test(plugin_error_older_than_what_was_sent_keeps_revision_order),
+		cmocka_unit_test(big_live_change_is_split_at_its_revision),
 		cmocka_unit_test(shutdown_finishes_every_stream_unavailable),
 		cmocka_unit_test(subscriber_limits_answer_elimit),
 		cmocka_unit_test(unsubscribe_mid_flight_frees_its_queue_and_spares_the_others),
