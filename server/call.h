@@ -117,7 +117,6 @@ struct histd_call {
 	int unsubscribed;
 	grpc_byte_buffer *send_buf;
 	grpc_status_code st_code;      /* the status sent (metrics) */
-	uint64_t after_seq;    /* the request's: the least resume point */
 	/* The caller's tenant as histd_auth_check gave it (NULL without
 	 * authentication): checked again before each event is sent. */
 	const char *auth_tenant;

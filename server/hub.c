@@ -198,6 +198,7 @@ event_build(const char *session_id, uint64_t revision,
 	ev->kind = kind;
 	ev->revision = revision;
 	ev->last_seq = last_seq;
+	ev->cleared_to_seq = 0;
 	ev->len = total;
 
 	p = ev->data;
@@ -249,6 +250,7 @@ event_build_raw(const char *session_id, uint64_t revision,
 	ev->kind = (enum histd_change_kind)HISTD_EVENT_PLUGIN_ERROR;
 	ev->revision = revision;
 	ev->last_seq = 0;
+	ev->cleared_to_seq = 0;
 	ev->len = total;
 	p = ev->data;
 	if (sid_len) {
@@ -290,9 +292,13 @@ event_replaced(const char *session_id, uint64_t revision,
 		.num_field = 2, .num = cleared_to_seq,
 	};
 	uint64_t last = records_max_seq(recs, n);
+	histd_event *ev;
 
-	return event_build(session_id, revision, HISTD_CHANGE_REPLACED,
-			   last > cleared_to_seq ? last : cleared_to_seq, &b);
+	ev = event_build(session_id, revision, HISTD_CHANGE_REPLACED,
+			 last > cleared_to_seq ? last : cleared_to_seq, &b);
+	if (ev)
+		ev->cleared_to_seq = cleared_to_seq;
+	return ev;
 }
 
 static histd_event *
@@ -429,8 +435,11 @@ histd_event_from_change(const histd_change *c)
 		/* SessionCleared.system_kept: a truncate kept them. */
 		b.num2_field = 2;
 		b.num2 = c->system_kept ? 1 : 0;
-		return event_build(sid, c->revision, c->kind,
-				   c->cleared_to_seq, &b);
+		ev = event_build(sid, c->revision, c->kind,
+				 c->cleared_to_seq, &b);
+		if (ev)
+			ev->cleared_to_seq = c->cleared_to_seq;
+		return ev;
 	case HISTD_CHANGE_REPLACED:
 		return event_replaced(sid, c->revision, c->records,
 				      c->n_records, c->cleared_to_seq);
@@ -560,7 +569,8 @@ struct histd_sub {
 	size_t replay_n, replay_pos;
 	histd_event *in_flight;
 	uint64_t snapshot_rev;
-	uint64_t delivered_seq;       /* highest last_seq sent ok */
+	uint64_t delivered_seq;       /* highest last_seq sent ok, or the
+	                               * after_seq it started from */
 	uint64_t sent_rev;            /* highest revision handed to send */
 	int started;
 	int ended;                    /* finished or broken: send no more */
@@ -745,11 +755,23 @@ sub_break(histd_sub *s)
 	sub_drop_queue(s);
 }
 
-/* Ends the stream with a status, once. */
+/* Lowers *resume to cleared_to_seq, the seq up to which a change removed
+ * messages (0: none), if below. */
 static void
-sub_end(histd_sub *s, int err, const char *msg)
+resume_below_removal(uint64_t *resume, uint64_t cleared_to_seq)
+{
+	if (cleared_to_seq && cleared_to_seq < *resume)
+		*resume = cleared_to_seq;
+}
+
+/* Ends the stream with a status, once. lost_cleared_to_seq: that of a
+ * change that cannot be queued (0: none); it bounds the resume seq, like
+ * those of the queued events the stream drops. */
+static void
+sub_end(histd_sub *s, int err, const char *msg, uint64_t lost_cleared_to_seq)
 {
 	uint64_t resume = s->delivered_seq;
+	size_t i;
 
 	if (s->ended)
 		return;
@@ -758,6 +780,15 @@ sub_end(histd_sub *s, int err, const char *msg)
 	 * is broken and no status arrives at all). */
 	if (s->in_flight && s->in_flight->last_seq > resume)
 		resume = s->in_flight->last_seq;
+	/* A clear or truncate (retention) the client never gets removed seqs
+	 * it holds: resuming at or below its cleared_to_seq makes the replay a
+	 * replaced event that says so. Resuming above it, the client would
+	 * keep them. */
+	for (i = s->replay_pos; i < s->replay_n; i++)
+		resume_below_removal(&resume, s->replay[i]->cleared_to_seq);
+	for (i = 0; i < s->live_n; i++)
+		resume_below_removal(&resume, live_at(s, i)->cleared_to_seq);
+	resume_below_removal(&resume, lost_cleared_to_seq);
 	sub_break(s);
 	s->ops.finish(s->stream, err, msg, resume);
 }
@@ -786,6 +817,7 @@ event_restamped(const histd_event *ev, uint64_t revision)
 		out->kind = ev->kind;
 		out->revision = revision;
 		out->last_seq = ev->last_seq;
+		out->cleared_to_seq = ev->cleared_to_seq;
 		out->len = histd__v1__history_event__pack(e, out->data);
 	}
 	histd__v1__history_event__free_unpacked(e, NULL);
@@ -869,12 +901,12 @@ sub_live(histd_sub *s, histd_event *ev)
 	if (s->live_n >= s->h->cfg.queue_max) {
 		snprintf(msg, sizeof(msg), "subscriber fell behind: more than "
 			 "%zu events queued", s->h->cfg.queue_max);
-		sub_end(s, HISTD_ELIMIT, msg);
+		sub_end(s, HISTD_ELIMIT, msg, ev->cleared_to_seq);
 		return;
 	}
 	if (sub_live_reserve(s) != 0) {
 		sub_end(s, HISTD_ELIMIT, "out of memory queuing an event for "
-			"the subscriber");
+			"the subscriber", ev->cleared_to_seq);
 		return;
 	}
 	histd_event_ref(ev);
@@ -976,9 +1008,11 @@ fifo_push(histd_hub *h, struct hub_session *hs, histd_event *ev,
 
 /* The event for `ticket` cannot be delivered: end the subscribers it was
  * for, so that none of them sees a gap. They resume from the last seq they
- * received and read the rest from storage. */
+ * received (or the change's cleared_to_seq, if it removed messages below
+ * that) and read the rest from storage. */
 static void
-end_for_ticket(struct hub_session *hs, uint64_t ticket, const char *msg)
+end_for_ticket(struct hub_session *hs, uint64_t ticket, const char *msg,
+	       uint64_t cleared_to_seq)
 {
 	histd_sub *s;
 
@@ -987,10 +1021,18 @@ end_for_ticket(struct hub_session *hs, uint64_t ticket, const char *msg)
 		if (s->since >= ticket)
 			continue;
 		pthread_mutex_lock(&s->lock);
-		sub_end(s, HISTD_ELIMIT, msg);
+		sub_end(s, HISTD_ELIMIT, msg, cleared_to_seq);
 		pthread_mutex_unlock(&s->lock);
 	}
 	pthread_mutex_unlock(&hs->lock);
+}
+
+/* The seq up to which a change removed messages; 0 if it removed none. */
+static uint64_t
+change_cleared_to(const histd_change *c)
+{
+	return c->kind == HISTD_CHANGE_CLEARED ||
+	       c->kind == HISTD_CHANGE_REPLACED ? c->cleared_to_seq : 0;
 }
 
 /* Whether an appended or replaced change makes an event larger than the
@@ -1042,7 +1084,7 @@ notify_split(histd_hub *h, struct hub_session *hs, const histd_change *c,
 		histd_event_unref(evs[i]);
 	}
 	if (err)
-		end_for_ticket(hs, ticket, err);
+		end_for_ticket(hs, ticket, err, change_cleared_to(c));
 	free(evs);
 	hs_unref(hs);
 }
@@ -1074,7 +1116,8 @@ histd_hub_notify(void *hub, const histd_change *c)
 
 	if (change_lacks_records(c)) {
 		end_for_ticket(hs, ticket, "a change arrived without its "
-			       "messages; resubscribe to read them");
+			       "messages; resubscribe to read them",
+			       change_cleared_to(c));
 		hs_unref(hs);
 		return;
 	}
@@ -1088,7 +1131,7 @@ histd_hub_notify(void *hub, const histd_change *c)
 		      "to read it";
 	else if (!(err = fifo_push(h, hs, ev, ticket)))
 		return;
-	end_for_ticket(hs, ticket, err);
+	end_for_ticket(hs, ticket, err, change_cleared_to(c));
 	histd_event_unref(ev);
 	hs_unref(hs);
 }
@@ -1241,7 +1284,8 @@ admit(histd_hub *h, struct hub_session *hs)
 
 int
 histd_hub_subscribe(histd_hub *h, const char *tenant, const char *session_id,
-		    const histd_sub_ops *ops, void *stream, histd_sub **out)
+		    uint64_t after_seq, const histd_sub_ops *ops, void *stream,
+		    histd_sub **out)
 {
 	struct hub_session *hs;
 	histd_sub *s;
@@ -1265,6 +1309,7 @@ histd_hub_subscribe(histd_hub *h, const char *tenant, const char *session_id,
 	s->h = h;
 	s->ops = *ops;
 	s->stream = stream;
+	s->delivered_seq = after_seq;
 
 	/*
 	 * Find or create the session and take a reference, then lock it
@@ -1378,7 +1423,7 @@ histd_hub_start(histd_sub *s, histd_event **replay, size_t n,
 			for (i = 0; i < n; i++)
 				histd_event_unref(replay[i]);
 			sub_end(s, HISTD_ELIMIT,
-				"out of memory queuing replay events");
+				"out of memory queuing replay events", 0);
 			pthread_mutex_unlock(&s->lock);
 			return;
 		}
@@ -1405,7 +1450,7 @@ histd_hub_sent(histd_sub *s, int ok)
 			if (ev->last_seq > s->delivered_seq)
 				s->delivered_seq = ev->last_seq;
 			if (ev->kind == HISTD_CHANGE_DELETED)
-				sub_end(s, 0, "session was deleted");
+				sub_end(s, 0, "session was deleted", 0);
 			else
 				sub_pump(s);
 		}
@@ -1472,7 +1517,7 @@ histd_hub_shutdown(histd_hub *h)
 	h->shutdown = 1;
 	for (s = h->all; s; s = s->all_next) {
 		pthread_mutex_lock(&s->lock);
-		sub_end(s, HISTD_EUNAVAILABLE, "server is shutting down");
+		sub_end(s, HISTD_EUNAVAILABLE, "server is shutting down", 0);
 		pthread_mutex_unlock(&s->lock);
 	}
 	pthread_mutex_unlock(&h->table_lock);

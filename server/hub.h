@@ -37,6 +37,9 @@ typedef struct histd_event {
 	/* Highest message seq this event carries or accounts for (appended,
 	 * replaced: the last message; cleared: cleared_to_seq); 0 if none. */
 	uint64_t last_seq;
+	/* Cleared and replaced: the cleared_to_seq, the seq up to which it
+	 * removed messages; 0 for other events. */
+	uint64_t cleared_to_seq;
 	size_t len;
 	uint8_t data[];           /* the packed HistoryEvent */
 } histd_event;
@@ -75,9 +78,12 @@ typedef struct histd_sub_ops {
 	 * then stops sending to it and waits for unsubscribe). */
 	int (*send)(void *stream, histd_event *ev);
 	/* End the stream: err 0 for OK, or HISTD_ELIMIT (fell behind, with
-	 * resume_after_seq: every message up to it was sent), HISTD_EUNAVAILABLE
-	 * (shutting down). msg is one line. Called at most once; may be called
-	 * while a send is in flight (the transport sends the status after it). */
+	 * resume_after_seq: every message up to it was sent; lower than the
+	 * last seq sent when a clear, replace or truncate that removed seqs
+	 * below that was not sent, so that the replay from it is a replaced
+	 * event), HISTD_EUNAVAILABLE (shutting down). msg is one line. Called
+	 * at most once; may be called while a send is in flight (the transport
+	 * sends the status after it). */
 	void (*finish)(void *stream, int err, const char *msg,
 		       uint64_t resume_after_seq);
 } histd_sub_ops;
@@ -108,11 +114,12 @@ void histd_hub_free(histd_hub *h);
  * subscriber. */
 void histd_hub_notify(void *hub, const histd_change *c);
 
-/* Registers a subscriber of (tenant, session_id). ELIMIT past the
- * configured counts; EUNAVAILABLE after shutdown. */
+/* Registers a subscriber of (tenant, session_id) that starts after
+ * after_seq (it holds every seq up to it: the resume seq starts there).
+ * ELIMIT past the configured counts; EUNAVAILABLE after shutdown. */
 int histd_hub_subscribe(histd_hub *h, const char *tenant,
-			const char *session_id, const histd_sub_ops *ops,
-			void *stream, histd_sub **out);
+			const char *session_id, uint64_t after_seq,
+			const histd_sub_ops *ops, void *stream, histd_sub **out);
 
 /* Queues the replay events (taking over their references, not the array,
  * which the caller frees) in front of the

@@ -153,9 +153,6 @@ stream_finish(void *stream, int err, const char *msg, uint64_t resume_after_seq)
 	struct histd_call *c = stream;
 
 	pthread_mutex_lock(&c->mu);
-	/* The hub counts what it delivered; the client had after_seq. */
-	if (resume_after_seq < c->after_seq)
-		resume_after_seq = c->after_seq;
 	set_status(c, histd_status_from_error(err), msg,
 		   err == HISTD_ELIMIT ? "histd-resume-after-seq" : NULL,
 		   resume_after_seq);
@@ -248,10 +245,9 @@ histd_subscribe_begin(struct histd_call *c)
 	rc = histd_check_session_id(req->session_id, "session_id");
 	if (rc != 0)
 		goto out_fail;
-	c->after_seq = req->after_seq;
 
-	rc = histd_hub_subscribe(s->hub, who.tenant, req->session_id, &sub_ops,
-				 c, &sub);
+	rc = histd_hub_subscribe(s->hub, who.tenant, req->session_id,
+				 req->after_seq, &sub_ops, c, &sub);
 	if (rc != 0)
 		goto out_fail;
 

@@ -215,12 +215,140 @@ static void stalled_subscriber_is_ended_and_nobody_else_waits(void **state)
 	ta_free(a);
 }
 
+/* What a client that mirrors a session holds, built from its events. */
+#define MIRROR_SEQS 256
+typedef struct mirror {
+	uint8_t have[MIRROR_SEQS];
+} mirror;
+
+static void mirror_apply(mirror *m, const Histd__V1__HistoryEvent *ev)
+{
+	Histd__V1__Message **ms = NULL;
+	size_t n = 0;
+
+	switch (ev->event_case) {
+	case HISTD__V1__HISTORY_EVENT__EVENT_APPENDED:
+		ms = ev->appended->messages;
+		n = ev->appended->n_messages;
+		break;
+	case HISTD__V1__HISTORY_EVENT__EVENT_REPLACED:
+		memset(m->have, 0, sizeof(m->have));
+		ms = ev->replaced->messages;
+		n = ev->replaced->n_messages;
+		break;
+	case HISTD__V1__HISTORY_EVENT__EVENT_CLEARED:
+		/* No system messages here: everything up to it went. */
+		for (uint64_t q = 0; q <= ev->cleared->cleared_to_seq &&
+				     q < MIRROR_SEQS; q++)
+			m->have[q] = 0;
+		break;
+	default:
+		break;
+	}
+	for (size_t i = 0; i < n; i++) {
+		assert_true(ms[i]->seq < MIRROR_SEQS);
+		m->have[ms[i]->seq] = 1;
+	}
+}
+
+/* Retention (the window's retention=delete) truncates after each append; a
+ * subscriber ended as too slow with some of those `cleared` events still
+ * queued must learn, when it resumes from histd-resume-after-seq, that
+ * the messages are gone (the replay is then a `replaced` event): resuming
+ * after the last seq it received, it would keep them for good once
+ * retention stops below that seq. */
+static void resume_after_missed_truncates_drops_what_they_removed(void **state)
+{
+	(void)state;
+	static const char *const flags[] = {
+		"--subscriber-queue", "4", "--default-pipeline",
+		"window:max_messages=60,retention=delete", NULL };
+	histd_proc *p = NULL;
+	assert_int_equal(harness_start(&p, flags), 0);
+	histd_client *writer = harness_client(p);
+	histd_client *stalled_client = harness_client(p);
+	char *id = t_create_session(writer, "slow-truncate");
+	assert_int_equal(t_append_texts(writer, id, 100, "small", 0, NULL),
+			 GRPC_STATUS_OK);
+
+	/* Replays seqs 41-100 (retention removed 1-40), then stalls. */
+	histd_client_stream *stalled = t_subscribe(stalled_client, id, 0);
+	tarena *a = ta_new();
+	char *text = ta_alloc(a, 400000 + 1);
+	memset(text, 'm', 400000);
+	Histd__V1__Message *m = tm_text(a, HISTD__V1__ROLE__ROLE_USER, text);
+	Histd__V1__AppendRequest req = HISTD__V1__APPEND_REQUEST__INIT;
+	req.session_id = id;
+	req.n_messages = 1;
+	req.messages = &m;
+	histd_status st;
+	histd_status_init(&st);
+	for (int i = 0; i < 40; i++) {
+		Histd__V1__AppendResponse *resp = NULL;
+		t_call(writer, "Append", &req,
+		       &histd__v1__append_response__descriptor, &resp, &st);
+		assert_status(&st, GRPC_STATUS_OK);
+		histd_client_message_free(&resp->base);
+		histd_status_reset(&st);
+		struct timespec ts = { 0, 20 * 1000 * 1000 };
+		nanosleep(&ts, NULL);
+	}
+	/* Retention settles at 81-140. */
+	int64_t give_up = t_now_ms() + 20000;
+	uint64_t first = 0;
+	while (first != 81 && t_now_ms() < give_up) {
+		Histd__V1__Session *s = t_get_session(writer, id);
+		first = s->stats->first_seq;
+		histd_client_message_free(&s->base);
+	}
+	assert_int_equal(first, 81);
+
+	mirror mr = { { 0 } };
+	int res;
+	Histd__V1__HistoryEvent *ev;
+	while ((ev = t_next_event(stalled, 30000, &res))) {
+		mirror_apply(&mr, ev);
+		histd_client_message_free(&ev->base);
+	}
+	assert_int_equal(res, HISTD_STREAM_END);
+	const histd_status *fin = histd_client_stream_status(stalled);
+	assert_status(fin, GRPC_STATUS_RESOURCE_EXHAUSTED);
+	const char *resume = histd_status_trailer(fin, "histd-resume-after-seq");
+	assert_non_null(resume);
+	uint64_t resume_after = strtoull(resume, NULL, 10);
+	fprintf(stderr, "stalled subscriber ended, resume after %llu\n",
+		(unsigned long long)resume_after);
+
+	/* Resumed, the mirror holds exactly what the server stores. */
+	histd_client_stream *again = t_subscribe(stalled_client, id,
+						 resume_after);
+	while (!mr.have[140]) {
+		ev = t_next_event(again, 30000, &res);
+		assert_int_equal(res, HISTD_STREAM_MESSAGE);
+		mirror_apply(&mr, ev);
+		histd_client_message_free(&ev->base);
+	}
+	for (uint64_t q = 1; q < MIRROR_SEQS; q++)
+		if (mr.have[q] != (q >= 81 && q <= 140))
+			fail_msg("the mirror %s seq %llu", mr.have[q] ?
+				 "still holds" : "lacks", (unsigned long long)q);
+
+	histd_client_stream_close(again);
+	histd_client_stream_close(stalled);
+	histd_client_close(stalled_client);
+	histd_client_close(writer);
+	free(id);
+	ta_free(a);
+	assert_int_equal(harness_stop(p), 0);
+}
+
 int main(int argc, char **argv)
 {
 	if (harness_init(argc, argv))
 		return 2;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(stalled_subscriber_is_ended_and_nobody_else_waits),
+		cmocka_unit_test(resume_after_missed_truncates_drops_what_they_removed),
 		cmocka_unit_test(sigterm_stops_the_server_with_exit_status_0),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -375,7 +375,7 @@ fake_free(struct fake *f)
 static int
 subscribe(histd_hub *h, const char *sid, struct fake *f)
 {
-	return histd_hub_subscribe(h, TENANT, sid, &fake_ops, f, &f->sub);
+	return histd_hub_subscribe(h, TENANT, sid, 0, &fake_ops, f, &f->sub);
 }
 
 /* Deadline for waits: generous, the tests are not about speed. */
@@ -1077,6 +1077,54 @@ slow_subscriber_ends_with_limit_and_resume_seq_while_fast_gets_all(void **state)
 	fake_close(fast);
 	fake_free(slow);
 	fake_free(fast);
+	histd_hub_free(h);
+}
+
+/* The resume seq starts at the subscriber's after_seq, and goes down to
+ * the cleared_to_seq of a clear or truncate it drops unsent (queued, or
+ * the one that overflowed the queue): the replay from there is a replaced
+ * event, so the client learns those seqs are gone. */
+static void
+resume_seq_goes_below_a_dropped_truncate(void **state)
+{
+	histd_hub *h = hub_new(2, 0, 0);
+	struct fake *f = fake_new(FAKE_MANUAL), *g = fake_new(FAKE_MANUAL);
+
+	(void)state;
+	assert_int_equal(histd_hub_subscribe(h, TENANT, "s1", 10, &fake_ops, f,
+					     &f->sub), 0);
+	assert_int_equal(histd_hub_subscribe(h, TENANT, "s2", 10, &fake_ops, g,
+					     &g->sub), 0);
+	histd_hub_start(f->sub, NULL, 0, 0);
+
+	notify_append(h, "s1", 1, 11, 2);
+	assert_int_equal(fake_wait_sent(f, 1), 1);
+	assert_int_equal(fake_complete(f, 1), 0);
+	notify_append(h, "s1", 2, 13, 1);          /* in flight, stalled */
+	assert_int_equal(fake_wait_sent(f, 2), 2);
+	notify_kind(h, "s1", HISTD_CHANGE_CLEARED, 3, 9);
+	notify_append(h, "s1", 4, 14, 1);
+	notify_kind(h, "s1", HISTD_CHANGE_CLEARED, 5, 8);  /* overflows */
+	assert_int_equal(fake_wait_finished(f), 1);
+	assert_int_equal(f->fin_err, HISTD_ELIMIT);
+	assert_int_equal(f->resume, 8);
+
+	/* Ended before it started, with nothing removed: its after_seq. */
+	notify_append(h, "s2", 1, 11, 1);
+	notify_append(h, "s2", 2, 12, 1);
+	notify_append(h, "s2", 3, 13, 1);
+	assert_int_equal(fake_wait_finished(g), 1);
+	assert_int_equal(g->fin_err, HISTD_ELIMIT);
+	assert_int_equal(g->resume, 10);
+	histd_hub_start(g->sub, NULL, 0, 0);
+
+	assert_int_equal(fake_complete(f, 1), 0);
+	assert_contract_kept(f);
+	assert_contract_kept(g);
+	fake_close(f);
+	fake_close(g);
+	fake_free(f);
+	fake_free(g);
 	histd_hub_free(h);
 }
 
@@ -1800,7 +1848,7 @@ churn_main(void *arg)
 		size_t k;
 
 		snprintf(sid, sizeof(sid), "c%d", rand_r(&seed) % N_SESSIONS);
-		if (histd_hub_subscribe(conc.h, TENANT, sid, &fake_ops, f,
+		if (histd_hub_subscribe(conc.h, TENANT, sid, 0, &fake_ops, f,
 					&f->sub) != 0) {
 			__atomic_add_fetch(&conc.errors, 1, __ATOMIC_RELAXED);
 			fake_free(f);
@@ -1966,6 +2014,7 @@ main(void)
 		cmocka_unit_test(live_events_arrive_in_revision_order),
 		cmocka_unit_test(slow_subscriber_ends_with_limit_and_resume_seq_while_fast_gets_all),
 		cmocka_unit_test(replay_events_do_not_count_against_the_queue),
+		cmocka_unit_test(resume_seq_goes_below_a_dropped_truncate),
 		cmocka_unit_test(queue_overflow_before_start_ends_the_subscriber),
 		cmocka_unit_test(one_send_in_flight_with_completions_from_another_thread),
 		cmocka_unit_test(deleted_ends_streams_with_ok_after_the_event_is_sent),
