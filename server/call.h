@@ -26,6 +26,7 @@ enum histd_tag_kind {
 	TAG_SEND,       /* one streamed message was sent */
 	TAG_STATUS,     /* a stream's status was sent */
 	TAG_RECV,       /* bidi: a message was sent and the next received */
+	TAG_MORE,       /* Subscribe: read the next part of the replay */
 };
 
 struct histd_call;
@@ -94,7 +95,8 @@ struct histd_call {
 	int active;                   /* counted in histd_server.active */
 	int64_t start_us;             /* arrival (monotonic), for metrics */
 	struct tenant_calls *tenant;  /* counted against, until freed */
-	struct histd_tag t_new, t_done, t_close, t_send, t_status, t_recv;
+	struct histd_tag t_new, t_done, t_close, t_send, t_status, t_recv,
+			 t_more;
 	int cancelled;                /* out of RECV_CLOSE_ON_SERVER */
 	grpc_byte_buffer *recv_buf;   /* bidi: the message received */
 
@@ -115,6 +117,8 @@ struct histd_call {
 	int status_started;
 	int closed;            /* RECV_CLOSE_ON_SERVER completed */
 	int unsubscribed;
+	int more_pending;      /* t_more posted: a replay part to read */
+	struct histd_replay *replay;   /* the replay's parts (subscribe.c) */
 	grpc_byte_buffer *send_buf;
 	grpc_status_code st_code;      /* the status sent (metrics) */
 	/* The caller's tenant as histd_auth_check gave it (NULL without
@@ -154,5 +158,6 @@ void histd_subscribe_begin(struct histd_call *c);
 void histd_subscribe_on_send(struct histd_call *c, int ok);
 void histd_subscribe_on_close(struct histd_call *c);
 void histd_subscribe_on_status(struct histd_call *c, int ok);
+void histd_subscribe_on_more(struct histd_call *c);
 
 #endif

@@ -567,6 +567,8 @@ struct histd_sub {
 	size_t live_cap, live_head, live_n;
 	histd_event **replay;         /* replay events not yet sent */
 	size_t replay_n, replay_pos;
+	int replay_more;              /* more replay to come (ops.more) */
+	int replay_asked;             /* ops.more called, not answered */
 	histd_event *in_flight;
 	uint64_t snapshot_rev;
 	uint64_t delivered_seq;       /* highest last_seq sent ok, or the
@@ -836,6 +838,14 @@ sub_pump(histd_sub *s)
 	if (s->replay_pos < s->replay_n) {
 		ev = s->replay[s->replay_pos];
 		s->replay[s->replay_pos++] = NULL;
+	} else if (s->replay_more) {
+		/* Live events wait for the rest of the replay. */
+		if (!s->replay_asked) {
+			s->replay_asked = 1;
+			if (!s->ops.more || s->ops.more(s->stream) != 0)
+				sub_break(s);
+		}
+		return;
 	} else if (s->live_n) {
 		ev = s->live[s->live_head];
 		s->live_head = (s->live_head + 1) % s->live_cap;
@@ -1387,6 +1397,57 @@ void
 histd_hub_start(histd_sub *s, histd_event **replay, size_t n,
 		uint64_t snapshot_revision)
 {
+	histd_hub_start_replay(s, replay, n, snapshot_revision, 0);
+}
+
+/* With s->lock: takes over n replay events as those to send next (the
+ * previous ones are all sent); 0, or -1 out of memory (ended). */
+static int
+sub_set_replay(histd_sub *s, histd_event **replay, size_t n)
+{
+	size_t i;
+
+	free(s->replay);
+	s->replay = NULL;
+	s->replay_n = s->replay_pos = 0;
+	if (!n)
+		return 0;
+	s->replay = malloc(n * sizeof(*s->replay));
+	if (!s->replay) {
+		for (i = 0; i < n; i++)
+			histd_event_unref(replay[i]);
+		sub_end(s, HISTD_ELIMIT, "out of memory queuing replay events",
+			0);
+		return -1;
+	}
+	memcpy(s->replay, replay, n * sizeof(*s->replay));
+	s->replay_n = n;
+	return 0;
+}
+
+void
+histd_hub_replay_more(histd_sub *s, histd_event **replay, size_t n, int more)
+{
+	size_t i;
+
+	pthread_mutex_lock(&s->lock);
+	s->replay_asked = 0;
+	if (s->ended) {
+		pthread_mutex_unlock(&s->lock);
+		for (i = 0; i < n; i++)
+			histd_event_unref(replay[i]);
+		return;
+	}
+	s->replay_more = more;
+	if (sub_set_replay(s, replay, n) == 0)
+		sub_pump(s);
+	pthread_mutex_unlock(&s->lock);
+}
+
+void
+histd_hub_start_replay(histd_sub *s, histd_event **replay, size_t n,
+		       uint64_t snapshot_revision, int more)
+{
 	size_t i, kept;
 
 	pthread_mutex_lock(&s->lock);
@@ -1417,21 +1478,9 @@ histd_hub_start(histd_sub *s, histd_event **replay, size_t n,
 	}
 	s->live_n = kept;
 
-	if (n) {
-		s->replay = malloc(n * sizeof(*s->replay));
-		if (!s->replay) {
-			for (i = 0; i < n; i++)
-				histd_event_unref(replay[i]);
-			sub_end(s, HISTD_ELIMIT,
-				"out of memory queuing replay events", 0);
-			pthread_mutex_unlock(&s->lock);
-			return;
-		}
-		memcpy(s->replay, replay, n * sizeof(*s->replay));
-		s->replay_n = n;
-		s->replay_pos = 0;
-	}
-	sub_pump(s);
+	s->replay_more = more;
+	if (sub_set_replay(s, replay, n) == 0)
+		sub_pump(s);
 	pthread_mutex_unlock(&s->lock);
 }
 

@@ -86,6 +86,13 @@ typedef struct histd_sub_ops {
 	 * sends the status after it). */
 	void (*finish)(void *stream, int err, const char *msg,
 		       uint64_t resume_after_seq);
+	/* Optional (needed by histd_hub_start_replay with more set): the
+	 * replay handed over so far is sent and more of it is to come. The
+	 * transport reads the next part and hands it over with
+	 * histd_hub_replay_more, later or from another thread (never from
+	 * within this call); live events wait meanwhile. Returns 0 if it
+	 * will; non-zero if the stream cannot send any more (as for send). */
+	int (*more)(void *stream);
 } histd_sub_ops;
 /* The hub may call send and finish with its own locks held: they must not
  * call back into the hub on their own thread (other threads may), and the
@@ -127,6 +134,18 @@ int histd_hub_subscribe(histd_hub *h, const char *tenant,
  * starts sending. Called once, after subscribe. */
 void histd_hub_start(histd_sub *s, histd_event **replay, size_t n,
 		     uint64_t snapshot_revision);
+
+/* histd_hub_start for a replay read in parts, so that a subscriber holds
+ * one part at a time, not a whole session: with `more` set, ops->more is
+ * called once these events are sent. */
+void histd_hub_start_replay(histd_sub *s, histd_event **replay, size_t n,
+			    uint64_t snapshot_revision, int more);
+
+/* The transport, answering ops->more: the next replay events (references
+ * taken over, as by histd_hub_start), and whether more is to come (0: the
+ * replay is over; live events follow). */
+void histd_hub_replay_more(histd_sub *s, histd_event **replay, size_t n,
+			   int more);
 
 /* The transport: the send started by ops->send completed (ok 0: failed,
  * the stream is broken). */

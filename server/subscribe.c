@@ -12,9 +12,18 @@
  * flight, and we track it under the call's mutex anyway. The status goes
  * out after the send in flight, if any, completes.
  *
- * Lock order: hub locks, then the call's mutex (the hub calls stream_send
- * and stream_finish with its locks held). So nothing here calls into the
- * hub while holding the call's mutex.
+ * The replay is read in parts of REPLAY_PAGE messages, each once the one
+ * before is sent (the hub asks through stream_more, which posts t_more;
+ * the read runs on a queue thread in histd_subscribe_on_more): a
+ * subscriber holds one part, not a whole session, however slowly it
+ * reads. A part is the messages stored then with seqs up to the
+ * snapshot's last, at the snapshot's revision: messages a later change
+ * removed meanwhile are left out, and that change's event follows the
+ * replay (revision order holds).
+ *
+ * Lock order: hub locks, then the call's mutex (the hub calls stream_send,
+ * stream_finish and stream_more with its locks held). So nothing here
+ * calls into the hub while holding the call's mutex.
  */
 #include <grpc/support/alloc.h>
 #include <inttypes.h>
@@ -29,6 +38,29 @@
 #include "status.h"
 
 #define REPLAY_CHUNK 64
+/* Messages read for the replay at a time. */
+#define REPLAY_PAGE 64
+
+/* The replay still to read. */
+struct histd_replay {
+	char *tenant;
+	char *session_id;
+	uint64_t after_seq;     /* the last seq handed to the hub */
+	uint64_t to_seq;        /* the snapshot's last seq: later ones are live */
+	uint64_t revision;      /* the snapshot's */
+	int64_t created_us;     /* of the session the snapshot read */
+	int have_created;       /* the driver gave the session record */
+};
+
+static void
+replay_free(struct histd_replay *r)
+{
+	if (!r)
+		return;
+	free(r->tenant);
+	free(r->session_id);
+	free(r);
+}
 
 static void
 event_slice_unref(void *ev)
@@ -159,27 +191,59 @@ stream_finish(void *stream, int err, const char *msg, uint64_t resume_after_seq)
 	pthread_mutex_unlock(&c->mu);
 }
 
+/* The hub wants the next part of the replay: read it on a queue thread. */
+static int
+stream_more(void *stream)
+{
+	struct histd_call *c = stream;
+	grpc_call_error err;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->closed || c->status_started || c->finish_pending ||
+	    !c->replay) {
+		pthread_mutex_unlock(&c->mu);
+		return -1;
+	}
+	c->more_pending = 1;
+	histd_call_ref(c);
+	err = grpc_call_start_batch(c->call, NULL, 0, &c->t_more, NULL);
+	if (err != GRPC_CALL_OK) {
+		c->more_pending = 0;
+		pthread_mutex_unlock(&c->mu);
+		histd_call_unref(c);
+		return -1;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return 0;
+}
+
 static const histd_sub_ops sub_ops = {
 	.send = stream_send,
 	.finish = stream_finish,
+	.more = stream_more,
 };
 
-/* Unsubscribes once the call is over and no send or hub call is pending:
- * after it the hub forgets the stream and never calls it again. */
+/* Unsubscribes once the call is over and no send, hub call or replay read
+ * is pending: after it the hub forgets the stream and never calls it
+ * again, and the replay's state goes. */
 static void
 maybe_unsubscribe(struct histd_call *c)
 {
 	histd_sub *sub = NULL;
+	struct histd_replay *r = NULL;
 
 	pthread_mutex_lock(&c->mu);
-	if (c->closed && !c->in_flight && !c->hub_calling && c->sub &&
-	    !c->unsubscribed) {
+	if (c->closed && !c->in_flight && !c->hub_calling &&
+	    !c->more_pending && c->sub && !c->unsubscribed) {
 		c->unsubscribed = 1;
 		sub = c->sub;
+		r = c->replay;
+		c->replay = NULL;
 	}
 	pthread_mutex_unlock(&c->mu);
 	if (sub)
 		histd_hub_unsubscribe(sub);
+	replay_free(r);
 }
 
 /* Ends a call that never reached the hub. */
@@ -190,6 +254,132 @@ fail(struct histd_call *c, int err)
 	set_status(c, histd_status_from_error(err), histd_error_message(),
 		   NULL, 0);
 	pthread_mutex_unlock(&c->mu);
+}
+
+/*
+ * How many messages a replay holds, from its first part's read (with the
+ * session record): all stored ones when it is a Replaced event; else those
+ * after after_seq, where seqs have no gap (a removal leaves one only at or
+ * below cleared_to_seq, which is below after_seq here), so at most the
+ * stored count.
+ */
+static uint64_t
+replay_count(const histd_read_result *res, int replaced, uint64_t after_seq)
+{
+	uint64_t n = res->last_seq - after_seq;
+
+	if (!res->session)
+		return replaced ? res->records.n : n;
+	if (replaced || res->session->message_count < n)
+		return res->session->message_count;
+	return n;
+}
+
+/* Records in c->replay where the rest of the replay is, after the part
+ * read by q into res. 0 or ENOMEM. */
+static int
+replay_new(struct histd_call *c, const histd_read *q,
+	   const histd_read_result *res)
+{
+	struct histd_replay *r = calloc(1, sizeof(*r));
+
+	if (!r || !(r->tenant = strdup(q->tenant)) ||
+	    !(r->session_id = strdup(q->session_id))) {
+		replay_free(r);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	r->after_seq = res->records.v[res->records.n - 1].seq;
+	r->to_seq = res->last_seq;
+	r->revision = res->revision;
+	r->have_created = res->session != NULL;
+	r->created_us = res->session ? res->session->created_at_us : 0;
+	pthread_mutex_lock(&c->mu);
+	c->replay = r;
+	pthread_mutex_unlock(&c->mu);
+	return 0;
+}
+
+/*
+ * Reads the next part of the replay into events at the snapshot's
+ * revision; *more says whether another part follows. A session deleted
+ * (or deleted and created again) meanwhile ends the replay: its `deleted`
+ * event follows. 0, or an error to end the stream with.
+ */
+static int
+replay_next(struct histd_call *c, struct histd_replay *r,
+	    histd_event ***evs, size_t *n_evs, int *more)
+{
+	histd_read q = { 0 };
+	histd_read_result res = { 0 };
+	histd_records part;
+	size_t n;
+	int rc;
+
+	*more = 0;
+	q.tenant = r->tenant;
+	q.session_id = r->session_id;
+	q.after_seq = r->after_seq;
+	q.limit = REPLAY_PAGE;
+	q.want_session = 1;
+	rc = histd_driver_read(histd_service_driver(c->srv->svc), &q, &res);
+	if (rc == HISTD_ENOTFOUND ||
+	    (rc == 0 && r->have_created &&
+	     (!res.session || res.session->created_at_us != r->created_us))) {
+		histd_read_result_clear(&res);
+		return 0;
+	}
+	for (n = 0; rc == 0 && n < res.records.n &&
+		    res.records.v[n].seq <= r->to_seq; n++)
+		;
+	if (rc == 0 && n) {
+		part = res.records;
+		part.n = n;
+		r->after_seq = res.records.v[n - 1].seq;
+		*more = res.has_more && n == res.records.n &&
+			r->after_seq < r->to_seq;
+		rc = histd_event_replay(r->session_id, r->revision, &part, 0,
+					0, REPLAY_CHUNK,
+					c->srv->cfg->service.max_response_bytes,
+					evs, n_evs);
+	}
+	histd_read_result_clear(&res);
+	return rc;
+}
+
+void
+histd_subscribe_on_more(struct histd_call *c)
+{
+	histd_sub *sub = NULL;
+	struct histd_replay *r;
+	histd_event **evs = NULL;
+	size_t n = 0;
+	int more = 0, rc;
+
+	/* more_pending, set until the end, keeps the subscriber from being
+	 * unsubscribed meanwhile. */
+	pthread_mutex_lock(&c->mu);
+	r = c->replay;
+	if (!c->closed && c->sub && !c->unsubscribed)
+		sub = c->sub;
+	pthread_mutex_unlock(&c->mu);
+	if (sub) {
+		rc = replay_next(c, r, &evs, &n, &more);
+		if (rc != 0) {
+			/* The stream ends with the error; the hub's next send
+			 * finds it ending and stops. */
+			pthread_mutex_lock(&c->mu);
+			set_status(c, histd_status_from_error(rc),
+				   histd_error_message(), NULL, 0);
+			pthread_mutex_unlock(&c->mu);
+		}
+		histd_hub_replay_more(sub, evs, n, more);
+		free(evs);
+	}
+	pthread_mutex_lock(&c->mu);
+	c->more_pending = 0;
+	pthread_mutex_unlock(&c->mu);
+	maybe_unsubscribe(c);
+	histd_call_unref(c);
 }
 
 void
@@ -206,7 +396,7 @@ histd_subscribe_begin(struct histd_call *c)
 	grpc_op op;
 	grpc_slice bytes;
 	histd_sub *sub = NULL;
-	int replaced, rc;
+	int replaced, more = 0, rc;
 
 	/* Learn of cancellation, deadline and the end of the call. */
 	memset(&op, 0, sizeof(op));
@@ -254,7 +444,8 @@ histd_subscribe_begin(struct histd_call *c)
 	q.tenant = who.tenant;
 	q.session_id = req->session_id;
 	q.after_seq = req->after_seq;
-	q.limit = s->cfg->replay_max + 1;
+	q.limit = REPLAY_PAGE;
+	q.want_session = 1;
 	rc = histd_driver_read(histd_service_driver(s->svc), &q, &res);
 	/* Seqs are never reused: a subscriber past the last one holds another
 	 * session's seqs (one deleted and created again under the id). */
@@ -274,11 +465,16 @@ histd_subscribe_begin(struct histd_call *c)
 		q.after_seq = 0;
 		rc = histd_driver_read(histd_service_driver(s->svc), &q, &res);
 	}
-	if (rc == 0 && res.records.n > s->cfg->replay_max)
+	if (rc == 0 && replay_count(&res, replaced, req->after_seq) >
+		       s->cfg->replay_max)
 		rc = histd_error_set(HISTD_ELIMIT, "replay of more than %" PRIu32
 				     " messages; read them with GetMessages and "
 				     "subscribe from a later after_seq",
 				     s->cfg->replay_max);
+	if (rc == 0 && res.has_more && res.records.n) {
+		rc = replay_new(c, &q, &res);
+		more = rc == 0;
+	}
 	snapshot_revision = res.revision;
 	if (rc == 0)
 		rc = histd_event_replay(req->session_id, res.revision,
@@ -291,6 +487,10 @@ histd_subscribe_begin(struct histd_call *c)
 	if (rc != 0) {
 		/* Never started: nothing was sent, so unsubscribe now. */
 		histd_hub_unsubscribe(sub);
+		pthread_mutex_lock(&c->mu);
+		replay_free(c->replay);
+		c->replay = NULL;
+		pthread_mutex_unlock(&c->mu);
 		goto out_fail;
 	}
 
@@ -298,7 +498,7 @@ histd_subscribe_begin(struct histd_call *c)
 	c->sub = sub;
 	pthread_mutex_unlock(&c->mu);
 	histd__v1__subscribe_request__free_unpacked(req, NULL);
-	histd_hub_start(sub, replay, n_replay, snapshot_revision);
+	histd_hub_start_replay(sub, replay, n_replay, snapshot_revision, more);
 	free(replay);
 	/* The client may have gone while we read the snapshot. */
 	maybe_unsubscribe(c);

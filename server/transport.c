@@ -86,6 +86,7 @@ call_new(struct histd_server *s, enum histd_route route, int method)
 	c->t_send = (struct histd_tag){ TAG_SEND, c };
 	c->t_status = (struct histd_tag){ TAG_STATUS, c };
 	c->t_recv = (struct histd_tag){ TAG_RECV, c };
+	c->t_more = (struct histd_tag){ TAG_MORE, c };
 	pthread_mutex_lock(&s->live_mu);
 	s->live++;
 	pthread_mutex_unlock(&s->live_mu);
@@ -658,6 +659,9 @@ dispatch(struct histd_tag *t, int ok)
 		break;
 	case TAG_RECV:
 		on_reflection_recv(c, ok);
+		break;
+	case TAG_MORE:
+		histd_subscribe_on_more(c);
 		break;
 	}
 }

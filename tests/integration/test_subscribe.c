@@ -357,6 +357,57 @@ static void big_append_reaches_a_default_client_live(void **state)
 	free(id);
 }
 
+/* The server's resident memory in KiB (VmRSS), 0 if unknown. */
+static long server_rss_kib(void)
+{
+	char path[64], line[256];
+	long kib = 0;
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)server->pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+/* Subscribers that replay a 20 MB session and do not read hold a part of
+ * the replay each, not a copy of the session: 8 of them cost the server
+ * far less than 8 copies (160 MB). Then each reads the whole replay. */
+static void stalled_replays_do_not_copy_the_session(void **state)
+{
+	(void)state;
+	enum { N_SUBS = 8, N_MSGS = 2000, MSG_BYTES = 10000 };
+	char *id = t_create_session(client, "replay-memory");
+	append_big(id, N_MSGS, 100, MSG_BYTES);
+	sleep_ms(200);
+	long before = server_rss_kib();
+	assert_true(before > 0);
+
+	histd_client *subs[N_SUBS];
+	histd_client_stream *s[N_SUBS];
+	for (int i = 0; i < N_SUBS; i++) {
+		subs[i] = harness_client(server);
+		s[i] = t_subscribe(subs[i], id, 0);
+	}
+	sleep_ms(1000);
+	long grew = server_rss_kib() - before;
+	fprintf(stderr, "%d stalled replays of %d MB: +%ld KiB\n", N_SUBS,
+		N_MSGS * MSG_BYTES / 1000000, grew);
+	assert_true(grew < (long)N_SUBS * N_MSGS * MSG_BYTES / 1024 / 4);
+
+	for (int i = 0; i < N_SUBS; i++) {
+		uint64_t next = 1, revision = 0;
+		read_appended_until(s[i], &next, N_MSGS, &revision);
+		expect_silence(s[i], 100);
+		histd_client_stream_close(s[i]);
+		histd_client_close(subs[i]);
+	}
+	free(id);
+}
+
 /* A Replace leaves the subscriber that saw every old message (after_seq
  * equal to cleared_to_seq) one Replaced event, not the new messages as
  * appended to the old. */
@@ -694,6 +745,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(resume_at_the_last_replaced_seq_gets_the_replaced_event),
 		cmocka_unit_test(replay_of_big_messages_fits_a_default_client),
 		cmocka_unit_test(big_append_reaches_a_default_client_live),
+		cmocka_unit_test(stalled_replays_do_not_copy_the_session),
 		cmocka_unit_test(subscribe_past_the_last_seq_is_invalid),
 		cmocka_unit_test(every_kind_of_change_arrives_live_in_revision_order),
 		cmocka_unit_test(events_of_other_sessions_do_not_arrive),

@@ -235,6 +235,7 @@ struct fake {
 	int violations;
 	int fin_calls;
 	int fin_err;
+	int more_calls;         /* ops.more asked for the next replay part */
 	uint64_t resume;
 	char msg[256];
 	struct fake *next_done; /* completer queue */
@@ -342,9 +343,22 @@ fake_finish(void *stream, int err, const char *msg, uint64_t resume)
 	pthread_mutex_unlock(&f->mu);
 }
 
+static int
+fake_more(void *stream)
+{
+	struct fake *f = stream;
+
+	pthread_mutex_lock(&f->mu);
+	f->more_calls++;
+	pthread_cond_broadcast(&f->cv);
+	pthread_mutex_unlock(&f->mu);
+	return 0;
+}
+
 static const histd_sub_ops fake_ops = {
 	.send = fake_send,
 	.finish = fake_finish,
+	.more = fake_more,
 };
 
 static struct fake *
@@ -1125,6 +1139,52 @@ resume_seq_goes_below_a_dropped_truncate(void **state)
 	fake_close(g);
 	fake_free(f);
 	fake_free(g);
+	histd_hub_free(h);
+}
+
+/* A replay handed over in parts: ops.more once per part, when the part
+ * before is sent; live events wait for the last part. */
+static void
+replay_in_parts_holds_live_events_until_the_last_part(void **state)
+{
+	histd_hub *h = hub_new(16, 0, 0);
+	struct fake *f = fake_new(FAKE_MANUAL);
+	histd_record *v = make_msgs(1, 4);
+	histd_records p1 = records_of(v, 2), p2 = records_of(v + 2, 2);
+	histd_event **replay;
+	size_t n_replay, i;
+
+	(void)state;
+	assert_int_equal(subscribe(h, "s1", f), 0);
+	assert_int_equal(histd_event_replay("s1", 5, &p1, 0, 0, 64, 0, &replay,
+					    &n_replay), 0);
+	histd_hub_start_replay(f->sub, replay, n_replay, 5, 1);
+	free(replay);
+	notify_append(h, "s1", 6, 5, 1);
+
+	assert_int_equal(fake_wait_sent(f, 1), 1);
+	assert_int_equal(f->more_calls, 0);
+	assert_int_equal(fake_complete(f, 1), 0);
+	hub_sync(h);
+	assert_int_equal(f->more_calls, 1);
+	assert_int_equal(fake_count(f), 1);     /* the live event waits */
+
+	assert_int_equal(histd_event_replay("s1", 5, &p2, 0, 0, 64, 0, &replay,
+					    &n_replay), 0);
+	histd_hub_replay_more(f->sub, replay, n_replay, 0);
+	free(replay);
+	for (i = 1; i < 3; i++) {
+		assert_int_equal(fake_wait_sent(f, i + 1), i + 1);
+		assert_int_equal(fake_complete(f, 1), 0);
+	}
+	for (i = 0; i < 3; i++)
+		assert_int_equal(f->evs[i]->last_seq, i < 2 ? 2 * (i + 1) : 5);
+	assert_int_equal(f->evs[2]->revision, 6);
+	assert_int_equal(f->more_calls, 1);
+	assert_contract_kept(f);
+	fake_close(f);
+	fake_free(f);
+	free_msgs(v, 4);
 	histd_hub_free(h);
 }
 
@@ -2014,6 +2074,7 @@ main(void)
 		cmocka_unit_test(live_events_arrive_in_revision_order),
 		cmocka_unit_test(slow_subscriber_ends_with_limit_and_resume_seq_while_fast_gets_all),
 		cmocka_unit_test(replay_events_do_not_count_against_the_queue),
+		cmocka_unit_test(replay_in_parts_holds_live_events_until_the_last_part),
 		cmocka_unit_test(resume_seq_goes_below_a_dropped_truncate),
 		cmocka_unit_test(queue_overflow_before_start_ends_the_subscriber),
 		cmocka_unit_test(one_send_in_flight_with_completions_from_another_thread),
