@@ -112,12 +112,12 @@ struct histd_call {
 	histd_sub *sub;
 	int md_sent;           /* initial metadata went out */
 	int in_flight;         /* a SEND_MESSAGE batch is outstanding */
-	int hub_calling;       /* a histd_hub_sent call is running */
+	int hub_calling;       /* hub calls running (sent, start_replay) */
 	int finish_pending;    /* status to send once the send completes */
 	int status_started;
 	int closed;            /* RECV_CLOSE_ON_SERVER completed */
 	int unsubscribed;
-	int more_pending;      /* t_more posted: a replay part to read */
+	int more_pending;      /* t_more posted or its part being read */
 	struct histd_replay *replay;   /* the replay's parts (subscribe.c) */
 	grpc_byte_buffer *send_buf;
 	grpc_status_code st_code;      /* the status sent (metrics) */

@@ -204,11 +204,11 @@ stream_more(void *stream)
 		pthread_mutex_unlock(&c->mu);
 		return -1;
 	}
-	c->more_pending = 1;
+	c->more_pending++;
 	histd_call_ref(c);
 	err = grpc_call_start_batch(c->call, NULL, 0, &c->t_more, NULL);
 	if (err != GRPC_CALL_OK) {
-		c->more_pending = 0;
+		c->more_pending--;
 		pthread_mutex_unlock(&c->mu);
 		histd_call_unref(c);
 		return -1;
@@ -355,8 +355,10 @@ histd_subscribe_on_more(struct histd_call *c)
 	size_t n = 0;
 	int more = 0, rc;
 
-	/* more_pending, set until the end, keeps the subscriber from being
-	 * unsubscribed meanwhile. */
+	/* more_pending, counted until the end, keeps the subscriber from
+	 * being unsubscribed meanwhile. It is a count: once this part's
+	 * events are handed over, their send may complete and post the next
+	 * part's read before this one has finished here. */
 	pthread_mutex_lock(&c->mu);
 	r = c->replay;
 	if (!c->closed && c->sub && !c->unsubscribed)
@@ -376,7 +378,7 @@ histd_subscribe_on_more(struct histd_call *c)
 		free(evs);
 	}
 	pthread_mutex_lock(&c->mu);
-	c->more_pending = 0;
+	c->more_pending--;
 	pthread_mutex_unlock(&c->mu);
 	maybe_unsubscribe(c);
 	histd_call_unref(c);
@@ -494,12 +496,18 @@ histd_subscribe_begin(struct histd_call *c)
 		goto out_fail;
 	}
 
+	/* Counted as a hub call: a close meanwhile must not unsubscribe
+	 * (and free) sub under histd_hub_start_replay. */
 	pthread_mutex_lock(&c->mu);
 	c->sub = sub;
+	c->hub_calling++;
 	pthread_mutex_unlock(&c->mu);
 	histd__v1__subscribe_request__free_unpacked(req, NULL);
 	histd_hub_start_replay(sub, replay, n_replay, snapshot_revision, more);
 	free(replay);
+	pthread_mutex_lock(&c->mu);
+	c->hub_calling--;
+	pthread_mutex_unlock(&c->mu);
 	/* The client may have gone while we read the snapshot. */
 	maybe_unsubscribe(c);
 	return;
@@ -524,13 +532,13 @@ histd_subscribe_on_send(struct histd_call *c, int ok)
 	}
 	if (c->sub && !c->unsubscribed) {
 		sub = c->sub;
-		c->hub_calling = 1;
+		c->hub_calling++;
 	}
 	pthread_mutex_unlock(&c->mu);
 	if (sub) {
 		histd_hub_sent(sub, ok);
 		pthread_mutex_lock(&c->mu);
-		c->hub_calling = 0;
+		c->hub_calling--;
 		pthread_mutex_unlock(&c->mu);
 	}
 	maybe_unsubscribe(c);
