@@ -1460,6 +1460,10 @@ histd_hub_start_replay(histd_sub *s, histd_event **replay, size_t n,
 	}
 	s->started = 1;
 	s->snapshot_rev = snapshot_revision;
+	/* The stream stands at the snapshot even if the replay is empty: a
+	 * plugin error reported below it goes out at it. */
+	if (snapshot_revision > s->sent_rev)
+		s->sent_rev = snapshot_revision;
 
 	/* Live events the snapshot already holds go. */
 	kept = 0;

@@ -1452,6 +1452,36 @@ plugin_error_older_than_what_was_sent_keeps_revision_order(void **state)
 	histd_hub_free(h);
 }
 
+/* Up to date (nothing to replay), the stream still stands at the
+ * snapshot: an error reported below it goes out at the snapshot. */
+static void
+plugin_error_below_an_empty_replay_goes_out_at_the_snapshot(void **state)
+{
+	histd_hub *h = hub_new(16, 0, 0);
+	struct fake *f = fake_new(FAKE_MANUAL);
+	Histd__V1__HistoryEvent *e;
+
+	(void)state;
+	assert_int_equal(subscribe(h, "s1", f), 0);
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 2, "compaction",
+				       "late", 1);
+	hub_sync(h);
+	histd_hub_start(f->sub, NULL, 0, 5);
+	assert_int_equal(fake_wait_sent(f, 1), 1);
+	e = decode(f->evs[0]);
+	assert_int_equal(e->event_case,
+			 HISTD__V1__HISTORY_EVENT__EVENT_PLUGIN_ERROR);
+	assert_int_equal(e->revision, 5);
+	assert_int_equal(f->evs[0]->revision, 5);
+	histd__v1__history_event__free_unpacked(e, NULL);
+	assert_int_equal(fake_complete(f, 1), 0);
+	assert_int_equal(f->fin_calls, 0);
+	assert_contract_kept(f);
+	fake_close(f);
+	fake_free(f);
+	histd_hub_free(h);
+}
+
 static void
 shutdown_finishes_every_stream_unavailable(void **state)
 {
@@ -2080,6 +2110,7 @@ main(void)
 		cmocka_unit_test(one_send_in_flight_with_completions_from_another_thread),
 		cmocka_unit_test(deleted_ends_streams_with_ok_after_the_event_is_sent),
 		cmocka_unit_test(plugin_error_older_than_what_was_sent_keeps_revision_order),
+		cmocka_unit_test(plugin_error_below_an_empty_replay_goes_out_at_the_snapshot),
 		cmocka_unit_test(big_live_change_is_split_at_its_revision),
 		cmocka_unit_test(shutdown_finishes_every_stream_unavailable),
 		cmocka_unit_test(subscriber_limits_answer_elimit),
