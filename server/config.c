@@ -87,7 +87,8 @@ static const struct opt opts[] = {
 	{ "idempotency-ttl", OPT_SECONDS, OFF(service.idempotency_ttl_us),
 	  "86400", "seconds an idempotency key is remembered" },
 	{ "subscriber-queue", OPT_SIZE, OFF(hub.queue_max), "1024",
-	  "events queued per subscriber before it is ended as too slow" },
+	  "changes queued per subscriber before it is ended as too slow "
+	  "(a change sent as several events counts once)" },
 	{ "max-subscribers", OPT_SIZE, OFF(hub.max_subscribers), "10000",
 	  "Subscribe streams in total (0: no limit)" },
 	{ "max-subscribers-per-session", OPT_SIZE, OFF(hub.max_per_session),

@@ -36,8 +36,9 @@
  * registered, and an entry goes only to subscribers registered before it
  * (exactly the ones that a synchronous fan-out would have reached).
  *
- * Subscribers. Each has a bounded queue of live events, the replay events
- * in front of it once started, at most one event in flight (the transport's
+ * Subscribers. Each has a bounded queue of live changes (a change too large
+ * for one event queues its first, the others chained behind it), the
+ * replay events in front of it once started, at most one event in flight (the transport's
  * send), and `ended` once it may no longer be sent to (finished, or its
  * stream broken); an ended subscriber drops its queue and ignores events
  * until it is unsubscribed.
@@ -98,11 +99,17 @@ histd_event_ref(histd_event *ev)
 	__atomic_fetch_add(&ev->refs, 1, __ATOMIC_RELAXED);
 }
 
+/* Freeing an event drops its reference on the next part of its change. */
 void
 histd_event_unref(histd_event *ev)
 {
-	if (ev && __atomic_sub_fetch(&ev->refs, 1, __ATOMIC_ACQ_REL) == 0)
+	histd_event *next;
+
+	while (ev && __atomic_sub_fetch(&ev->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+		next = ev->next_part;
 		free(ev);
+		ev = next;
+	}
 }
 
 static size_t
@@ -199,6 +206,7 @@ event_build(const char *session_id, uint64_t revision,
 	ev->revision = revision;
 	ev->last_seq = last_seq;
 	ev->cleared_to_seq = 0;
+	ev->next_part = NULL;
 	ev->len = total;
 
 	p = ev->data;
@@ -251,6 +259,7 @@ event_build_raw(const char *session_id, uint64_t revision,
 	ev->revision = revision;
 	ev->last_seq = 0;
 	ev->cleared_to_seq = 0;
+	ev->next_part = NULL;
 	ev->len = total;
 	p = ev->data;
 	if (sid_len) {
@@ -565,6 +574,8 @@ struct histd_sub {
 	pthread_mutex_t lock;         /* all below */
 	histd_event **live;           /* ring of live events */
 	size_t live_cap, live_head, live_n;
+	histd_event *live_part;       /* the next part of the live change
+	                               * being sent (own reference) */
 	histd_event **replay;         /* replay events not yet sent */
 	size_t replay_n, replay_pos;
 	int replay_more;              /* more replay to come (ops.more) */
@@ -742,6 +753,8 @@ sub_drop_queue(histd_sub *s)
 	free(s->live);
 	s->live = NULL;
 	s->live_cap = s->live_head = s->live_n = 0;
+	histd_event_unref(s->live_part);
+	s->live_part = NULL;
 	for (i = s->replay_pos; i < s->replay_n; i++)
 		histd_event_unref(s->replay[i]);
 	free(s->replay);
@@ -820,6 +833,7 @@ event_restamped(const histd_event *ev, uint64_t revision)
 		out->revision = revision;
 		out->last_seq = ev->last_seq;
 		out->cleared_to_seq = ev->cleared_to_seq;
+		out->next_part = NULL;
 		out->len = histd__v1__history_event__pack(e, out->data);
 	}
 	histd__v1__history_event__free_unpacked(e, NULL);
@@ -846,10 +860,19 @@ sub_pump(histd_sub *s)
 				sub_break(s);
 		}
 		return;
-	} else if (s->live_n) {
-		ev = s->live[s->live_head];
-		s->live_head = (s->live_head + 1) % s->live_cap;
-		s->live_n--;
+	} else if (s->live_part || s->live_n) {
+		/* The rest of a change that came in parts goes before the
+		 * next change. */
+		if (s->live_part) {
+			ev = s->live_part;
+		} else {
+			ev = s->live[s->live_head];
+			s->live_head = (s->live_head + 1) % s->live_cap;
+			s->live_n--;
+		}
+		s->live_part = ev->next_part;
+		if (s->live_part)
+			histd_event_ref(s->live_part);
 	} else {
 		return;
 	}
@@ -910,7 +933,7 @@ sub_live(histd_sub *s, histd_event *ev)
 		return;
 	if (s->live_n >= s->h->cfg.queue_max) {
 		snprintf(msg, sizeof(msg), "subscriber fell behind: more than "
-			 "%zu events queued", s->h->cfg.queue_max);
+			 "%zu changes queued", s->h->cfg.queue_max);
 		sub_end(s, HISTD_ELIMIT, msg, ev->cleared_to_seq);
 		return;
 	}
@@ -1061,42 +1084,31 @@ change_is_split(const histd_hub *h, const histd_change *c)
 	return bytes > h->cfg.max_event_bytes;
 }
 
-/* Hands a change that is too large for one event to the dispatcher as the
- * events of a replay at its revision, under one ticket; takes over the
- * reference on hs. Subscribers it cannot all reach are ended: those that
- * got part of it resume after the last seq they received. */
-static void
-notify_split(histd_hub *h, struct hub_session *hs, const histd_change *c,
-	     uint64_t ticket)
+/* A change too large for one event, as the events of a replay at its
+ * revision chained behind the first (next_part): one FIFO entry, so that
+ * nothing comes between the parts, and one place in each subscriber's
+ * queue. NULL if out of memory. */
+static histd_event *
+event_split(const histd_hub *h, const histd_change *c)
 {
 	histd_records recs = {
 		.v = (histd_record *)c->records, .n = c->n_records,
 		.cap = c->n_records,
 	};
-	histd_event **evs = NULL;
-	const char *err = NULL;
+	histd_event **evs = NULL, *ev = NULL;
 	size_t n = 0, i;
 
 	if (histd_event_replay(c->session_id, c->revision, &recs,
 			       c->kind == HISTD_CHANGE_REPLACED,
 			       c->cleared_to_seq, 0, h->cfg.max_event_bytes,
 			       &evs, &n) != 0)
-		err = "out of memory building a subscriber event; resubscribe "
-		      "to read it";
-	for (i = 0; i < n; i++) {
-		if (!err) {
-			/* Each entry holds a reference on hs. */
-			hs_ref(hs);
-			if (!(err = fifo_push(h, hs, evs[i], ticket)))
-				continue;
-			hs_unref(hs);
-		}
-		histd_event_unref(evs[i]);
-	}
-	if (err)
-		end_for_ticket(hs, ticket, err, change_cleared_to(c));
+		return NULL;
+	for (i = n; i > 1; i--)
+		evs[i - 2]->next_part = evs[i - 1];
+	if (n)
+		ev = evs[0];
 	free(evs);
-	hs_unref(hs);
+	return ev;
 }
 
 void
@@ -1131,11 +1143,8 @@ histd_hub_notify(void *hub, const histd_change *c)
 		hs_unref(hs);
 		return;
 	}
-	if (change_is_split(h, c)) {
-		notify_split(h, hs, c, ticket);
-		return;
-	}
-	ev = histd_event_from_change(c);
+	ev = change_is_split(h, c) ? event_split(h, c) :
+				     histd_event_from_change(c);
 	if (!ev)
 		err = "out of memory building a subscriber event; resubscribe "
 		      "to read it";

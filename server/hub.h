@@ -40,6 +40,11 @@ typedef struct histd_event {
 	/* Cleared and replaced: the cleared_to_seq, the seq up to which it
 	 * removed messages; 0 for other events. */
 	uint64_t cleared_to_seq;
+	/* The next event of the same change, at the same revision, when the
+	 * change was too large for one (hub config max_event_bytes); this
+	 * event holds a reference on it. Subscribers queue, and the hub's
+	 * limits count, the first one only. */
+	struct histd_event *next_part;
 	size_t len;
 	uint8_t data[];           /* the packed HistoryEvent */
 } histd_event;
@@ -100,7 +105,7 @@ typedef struct histd_sub_ops {
  * it calls into the hub. */
 
 typedef struct histd_hub_config {
-	size_t queue_max;          /* events queued per subscriber; > 0 */
+	size_t queue_max;          /* changes queued per subscriber; > 0 */
 	size_t max_subscribers;    /* in total; 0: no limit */
 	size_t max_per_session;    /* per session; 0: no limit */
 	/* An appended or replaced change larger than this goes out as several

@@ -1389,6 +1389,69 @@ big_live_change_is_split_at_its_revision(void **state)
 	histd_hub_free(h);
 }
 
+/* A change split in more parts than a subscriber's queue holds takes one
+ * place in it, and its parts go out one after another: a plugin error
+ * reported meanwhile, and the next change, come after the last part. */
+static void
+split_change_takes_one_queue_place_and_stays_whole(void **state)
+{
+	histd_hub_config cfg = { .queue_max = 3, .max_event_bytes = 1200 };
+	histd_hub *h = NULL;
+	struct fake *f = fake_new(FAKE_MANUAL);
+	histd_record *v = make_msgs(2, 80);
+	histd_change ac = {
+		.kind = HISTD_CHANGE_APPENDED, .tenant = TENANT,
+		.session_id = "s1", .revision = 3, .records = v,
+		.n_records = 80,
+	};
+	Histd__V1__HistoryEvent *e;
+	size_t i, k, parts = 0;
+	uint64_t seq = 1;
+	int plugin_error = 0;
+
+	(void)state;
+	assert_int_equal(histd_hub_new(&h, &cfg), 0);
+	assert_int_equal(subscribe(h, "s1", f), 0);
+	histd_hub_start(f->sub, NULL, 0, 1);
+	/* Seq 1 stays in flight while three changes queue. */
+	notify_append(h, "s1", 2, 1, 1);
+	histd_hub_notify(h, &ac);
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 3, "compaction",
+				       "provider down", 1);
+	notify_append(h, "s1", 4, 82, 1);
+	hub_sync(h);
+	for (i = 0; seq <= 82 || !plugin_error; i++) {
+		assert_int_equal(fake_wait_sent(f, i + 1), i + 1);
+		e = decode(f->evs[i]);
+		if (e->event_case ==
+		    HISTD__V1__HISTORY_EVENT__EVENT_PLUGIN_ERROR) {
+			/* After the whole change, before the next. */
+			assert_int_equal(seq, 82);
+			assert_int_equal(e->revision, 3);
+			plugin_error = 1;
+		} else {
+			assert_int_equal(e->event_case,
+					 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+			assert_int_equal(e->revision,
+					 seq == 1 ? 2 : seq <= 81 ? 3 : 4);
+			if (e->revision == 3)
+				parts++;
+			for (k = 0; k < e->appended->n_messages; k++)
+				assert_msg(e->appended->messages[k], seq++);
+		}
+		histd__v1__history_event__free_unpacked(e, NULL);
+		assert_int_equal(fake_complete(f, 1), 0);
+	}
+	assert_true(parts > cfg.queue_max);
+	assert_int_equal(fake_count(f), i);
+	assert_int_equal(f->fin_calls, 0);
+	assert_contract_kept(f);
+	fake_close(f);
+	fake_free(f);
+	free_msgs(v, 80);
+	histd_hub_free(h);
+}
+
 /* A plugin error reported at a revision that a racing change (or the
  * snapshot) already passed goes out at the later revision, its text
  * unchanged: events stay in revision order. */
@@ -2112,6 +2175,7 @@ main(void)
 		cmocka_unit_test(plugin_error_older_than_what_was_sent_keeps_revision_order),
 		cmocka_unit_test(plugin_error_below_an_empty_replay_goes_out_at_the_snapshot),
 		cmocka_unit_test(big_live_change_is_split_at_its_revision),
+		cmocka_unit_test(split_change_takes_one_queue_place_and_stays_whole),
 		cmocka_unit_test(shutdown_finishes_every_stream_unavailable),
 		cmocka_unit_test(subscriber_limits_answer_elimit),
 		cmocka_unit_test(unsubscribe_mid_flight_frees_its_queue_and_spares_the_others),
