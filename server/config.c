@@ -89,10 +89,14 @@ static const struct opt opts[] = {
 	{ "subscriber-queue", OPT_SIZE, OFF(hub.queue_max), "1024",
 	  "changes queued per subscriber before it is ended as too slow "
 	  "(a change sent as several events counts once)" },
+	{ "subscriber-end-grace", OPT_SECONDS, OFF(hub.end_grace_us), "30",
+	  "seconds a subscriber ended as too slow may read nothing before its "
+	  "stream is cancelled (0: never)" },
 	{ "max-subscribers", OPT_SIZE, OFF(hub.max_subscribers), "10000",
 	  "Subscribe streams in total (0: no limit)" },
 	{ "max-subscribers-per-session", OPT_SIZE, OFF(hub.max_per_session),
-	  "1000", "Subscribe streams per session (0: no limit)" },
+	  "1000", "Subscribe streams per session (0: no limit; a stream "
+	  "ended as too slow no longer counts)" },
 	{ "replay-max", OPT_U32, OFF(replay_max), "100000",
 	  "messages one Subscribe may replay" },
 	{ "default-pipeline", OPT_STR, OFF(context.default_pipeline), "",

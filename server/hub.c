@@ -59,17 +59,20 @@
  *                  on the stack waits for it on s->lock; so ops->send and
  *                  ops->finish must not call into the hub on their own
  *                  thread.
- *   h->fifo_lock   the FIFO only; taken with no other lock held.
+ *   h->fifo_lock   the FIFO and the dispatcher's sleep; innermost: no other
+ *                  lock is taken while it is held.
  */
 #include "hub.h"
 
 #include <assert.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "google/protobuf/timestamp.pb-c.h"
 #include "histd/v1/histd.pb-c.h"
@@ -556,6 +559,7 @@ struct hub_session {
 	                               * subscriber, each FIFO entry */
 	int in_table;                 /* table lock */
 	size_t n_subs;                /* table lock */
+	size_t n_ended;               /* atomic: of those, ended ones */
 	pthread_mutex_t lock;
 	histd_sub *subs;              /* lock */
 	size_t key_len;
@@ -588,6 +592,12 @@ struct histd_sub {
 	int started;
 	int ended;                    /* finished or broken: send no more */
 	int deleted_queued;
+	/* Ended as too slow with a send in flight (its status waits for it),
+	 * since ended_us (histd_mono_us); end_resume: the seq its status
+	 * names. Counted in h->n_lingering. */
+	int lingering;
+	int64_t ended_us;
+	uint64_t end_resume;
 };
 
 struct fifo_entry {
@@ -614,6 +624,10 @@ struct histd_hub {
 	size_t fifo_cap, fifo_head, fifo_n;
 	int stop;
 	pthread_t dispatcher;
+	/* Streams ended as too slow whose status waits on a send; the
+	 * dispatcher aborts those that wait longer than cfg.end_grace_us. */
+	atomic_size_t n_lingering;
+	int64_t next_reap_us;         /* fifo_lock */
 };
 
 #define INITIAL_BUCKETS 64
@@ -766,8 +780,37 @@ sub_drop_queue(histd_sub *s)
 static void
 sub_break(histd_sub *s)
 {
+	if (!s->ended)
+		__atomic_fetch_add(&s->hs->n_ended, 1, __ATOMIC_RELAXED);
 	s->ended = 1;
 	sub_drop_queue(s);
+}
+
+static void
+sub_linger_stop(histd_sub *s)
+{
+	if (s->lingering) {
+		s->lingering = 0;
+		atomic_fetch_sub(&s->h->n_lingering, 1);
+	}
+}
+
+/* s was ended as too slow and its status waits for the send in flight:
+ * the dispatcher aborts it if that send takes longer than the grace. */
+static void
+sub_linger(histd_sub *s, uint64_t resume)
+{
+	histd_hub *h = s->h;
+
+	s->lingering = 1;
+	s->ended_us = histd_mono_us();
+	s->end_resume = resume;
+	if (atomic_fetch_add(&h->n_lingering, 1) == 0) {
+		/* The dispatcher may sleep with no time limit. */
+		pthread_mutex_lock(&h->fifo_lock);
+		pthread_cond_signal(&h->fifo_cond);
+		pthread_mutex_unlock(&h->fifo_lock);
+	}
 }
 
 /* Lowers *resume to cleared_to_seq, the seq up to which a change removed
@@ -806,6 +849,9 @@ sub_end(histd_sub *s, int err, const char *msg, uint64_t lost_cleared_to_seq)
 	resume_below_removal(&resume, lost_cleared_to_seq);
 	sub_break(s);
 	s->ops.finish(s->stream, err, msg, resume);
+	if (err == HISTD_ELIMIT && s->in_flight && s->ops.abort &&
+	    s->h->cfg.end_grace_us > 0)
+		sub_linger(s, resume);
 }
 
 /*
@@ -971,16 +1017,91 @@ fan_out(struct fifo_entry *e)
 	pthread_mutex_unlock(&e->hs->lock);
 }
 
+/* Aborts the streams ended as too slow whose status has waited on a send
+ * for the grace. */
+static void
+reap_lingering(histd_hub *h, int64_t now)
+{
+	char msg[200];
+	histd_sub *s;
+
+	pthread_mutex_lock(&h->table_lock);
+	for (s = h->all; s && atomic_load(&h->n_lingering); s = s->all_next) {
+		pthread_mutex_lock(&s->lock);
+		if (s->lingering && now - s->ended_us >= h->cfg.end_grace_us) {
+			uint64_t resume = s->end_resume;
+
+			/* The event in flight never reached the client. */
+			if (s->delivered_seq < resume)
+				resume = s->delivered_seq;
+			resume_below_removal(&resume,
+					     s->in_flight->cleared_to_seq);
+			sub_linger_stop(s);
+			snprintf(msg, sizeof(msg), "subscriber fell behind, then "
+				 "read nothing for %" PRId64 " s: stream "
+				 "cancelled; subscribe again with after_seq %"
+				 PRIu64, h->cfg.end_grace_us / 1000000, resume);
+			s->ops.abort(s->stream, msg);
+		}
+		pthread_mutex_unlock(&s->lock);
+	}
+	pthread_mutex_unlock(&h->table_lock);
+}
+
+/* With fifo_lock: reaps lingering streams if it is time (dropping the lock
+ * meanwhile); how long the dispatcher may sleep: -1 without limit. */
+static int64_t
+dispatch_reap(histd_hub *h)
+{
+	int64_t now, step = h->cfg.end_grace_us < 1000000 ?
+			    h->cfg.end_grace_us : 1000000;
+
+	if (!atomic_load(&h->n_lingering))
+		return -1;
+	now = histd_mono_us();
+	if (now >= h->next_reap_us) {
+		pthread_mutex_unlock(&h->fifo_lock);
+		reap_lingering(h, now);
+		pthread_mutex_lock(&h->fifo_lock);
+		h->next_reap_us = now + step;
+	}
+	return h->next_reap_us - now;
+}
+
+/* With fifo_lock: waits for a notify, or wait_us at most (-1: no limit). */
+static void
+dispatch_sleep(histd_hub *h, int64_t wait_us)
+{
+	struct timespec ts;
+
+	if (wait_us < 0) {
+		pthread_cond_wait(&h->fifo_cond, &h->fifo_lock);
+		return;
+	}
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += wait_us / 1000000;
+	ts.tv_nsec += (wait_us % 1000000) * 1000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	pthread_cond_timedwait(&h->fifo_cond, &h->fifo_lock, &ts);
+}
+
 static void *
 dispatch_main(void *arg)
 {
 	histd_hub *h = arg;
 	struct fifo_entry e;
+	int64_t wait_us;
 
 	pthread_mutex_lock(&h->fifo_lock);
 	for (;;) {
-		while (h->fifo_n == 0 && !h->stop)
-			pthread_cond_wait(&h->fifo_cond, &h->fifo_lock);
+		wait_us = dispatch_reap(h);
+		if (h->fifo_n == 0 && !h->stop) {
+			dispatch_sleep(h, wait_us);
+			continue;
+		}
 		if (h->fifo_n == 0)
 			break;
 		e = h->fifo[h->fifo_head];
@@ -1219,6 +1340,7 @@ histd_hub_new(histd_hub **out, const histd_hub_config *cfg)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	h->cfg = *cfg;
 	atomic_init(&h->n_subs, 0);
+	atomic_init(&h->n_lingering, 0);
 	h->n_buckets = INITIAL_BUCKETS;
 	h->buckets = calloc(h->n_buckets, sizeof(*h->buckets));
 	if (!h->buckets) {
@@ -1294,7 +1416,11 @@ admit(histd_hub *h, struct hub_session *hs)
 		return histd_error_set(HISTD_ELIMIT, "too many subscribers: "
 				       "the server allows %zu",
 				       h->cfg.max_subscribers);
-	if (h->cfg.max_per_session && hs->n_subs >= h->cfg.max_per_session)
+	/* An ended stream that waits for its client to read its status
+	 * leaves its place to a new one (its client's, often). */
+	if (h->cfg.max_per_session &&
+	    hs->n_subs - __atomic_load_n(&hs->n_ended, __ATOMIC_RELAXED) >=
+	    h->cfg.max_per_session)
 		return histd_error_set(HISTD_ELIMIT, "too many subscribers to "
 				       "this session: at most %zu",
 				       h->cfg.max_per_session);
@@ -1506,6 +1632,7 @@ histd_hub_sent(histd_sub *s, int ok)
 	ev = s->in_flight;
 	s->in_flight = NULL;
 	if (ev) {
+		sub_linger_stop(s);
 		if (!ok) {
 			sub_break(s);
 		} else {
@@ -1553,6 +1680,11 @@ histd_hub_unsubscribe(histd_sub *s)
 		hs->subs = s->next;
 	if (s->next)
 		s->next->prev = s->prev;
+	pthread_mutex_lock(&s->lock);
+	if (s->ended)
+		__atomic_fetch_sub(&hs->n_ended, 1, __ATOMIC_RELAXED);
+	sub_linger_stop(s);
+	pthread_mutex_unlock(&s->lock);
 	pthread_mutex_unlock(&hs->lock);
 	if (drop_table_ref)
 		hs_unref(hs);

@@ -98,20 +98,31 @@ typedef struct histd_sub_ops {
 	 * within this call); live events wait meanwhile. Returns 0 if it
 	 * will; non-zero if the stream cannot send any more (as for send). */
 	int (*more)(void *stream);
+	/* Optional (needed with config end_grace_us): cancel the stream at
+	 * once with RESOURCE_EXHAUSTED and msg, dropping the send in flight,
+	 * which then completes failed. Called when a stream ended by
+	 * HISTD_ELIMIT has not taken its last event for end_grace_us: its
+	 * client reads nothing, so the status would never go out. */
+	void (*abort)(void *stream, const char *msg);
 } histd_sub_ops;
-/* The hub may call send and finish with its own locks held: they must not
- * call back into the hub on their own thread (other threads may), and the
- * transport must not hold a lock of its own that those callbacks take when
- * it calls into the hub. */
+/* The hub may call send, finish, more and abort with its own locks held:
+ * they must not call back into the hub on their own thread (other threads
+ * may), and the transport must not hold a lock of its own that those
+ * callbacks take when it calls into the hub. */
 
 typedef struct histd_hub_config {
 	size_t queue_max;          /* changes queued per subscriber; > 0 */
 	size_t max_subscribers;    /* in total; 0: no limit */
-	size_t max_per_session;    /* per session; 0: no limit */
+	size_t max_per_session;    /* per session, not counting streams that
+	                            * are ended; 0: no limit */
 	/* An appended or replaced change larger than this goes out as several
 	 * events at its revision (as a replay does, histd_event_replay), so
 	 * that a client's receive limit takes each; 0: never split. */
 	size_t max_event_bytes;
+	/* A stream ended as too slow whose send in flight has not completed
+	 * this long after is aborted (ops.abort), so that its client's
+	 * connection no longer holds it; 0: never. */
+	int64_t end_grace_us;
 } histd_hub_config;
 
 typedef struct histd_hub histd_hub;

@@ -217,10 +217,30 @@ stream_more(void *stream)
 	return 0;
 }
 
+/* The client read nothing for --subscriber-end-grace after its stream was
+ * ended as too slow: its status cannot pass the send in flight, so cancel
+ * the call, which frees it (and its place) on our side. */
+static void
+stream_abort(void *stream, const char *msg)
+{
+	struct histd_call *c = stream;
+
+	pthread_mutex_lock(&c->mu);
+	if (!c->closed) {
+		histd_log(HISTD_LOG_INFO, "subscriber cancelled", "reason", msg,
+			  NULL);
+		grpc_call_cancel_with_status(c->call,
+					     GRPC_STATUS_RESOURCE_EXHAUSTED,
+					     msg, NULL);
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
 static const histd_sub_ops sub_ops = {
 	.send = stream_send,
 	.finish = stream_finish,
 	.more = stream_more,
+	.abort = stream_abort,
 };
 
 /* Unsubscribes once the call is over and no send, hub call or replay read

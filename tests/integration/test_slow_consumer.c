@@ -32,7 +32,10 @@ static histd_proc *server;
 static int setup(void **state)
 {
 	(void)state;
-	static const char *const flags[] = { "--subscriber-queue", "8", NULL };
+	/* The stalled subscriber reads its status only after the appends:
+	 * a grace long enough for any machine. */
+	static const char *const flags[] = { "--subscriber-queue", "8",
+		"--subscriber-end-grace", "600", NULL };
 	return harness_start(&server, flags);
 }
 
@@ -93,6 +96,27 @@ static void *reader_main(void *arg)
 		histd_client_message_free(m);
 	}
 	return NULL;
+}
+
+/* Reads Appended events from s through seq `last` (0: until the stream
+ * ends), their seqs following on from *next without gap; the result of
+ * the last read. */
+static int read_appended(histd_client_stream *s, uint64_t *next,
+			 uint64_t last)
+{
+	int res = HISTD_STREAM_MESSAGE;
+	while (last == 0 || *next <= last) {
+		Histd__V1__HistoryEvent *ev = t_next_event(s, 30000, &res);
+		if (!ev)
+			break;
+		assert_int_equal(ev->event_case,
+				 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+		for (size_t i = 0; i < ev->appended->n_messages; i++)
+			assert_int_equal(ev->appended->messages[i]->seq,
+					 (*next)++);
+		histd_client_message_free(&ev->base);
+	}
+	return res;
 }
 
 static void stalled_subscriber_is_ended_and_nobody_else_waits(void **state)
@@ -168,18 +192,7 @@ static void stalled_subscriber_is_ended_and_nobody_else_waits(void **state)
 	/* The stalled one: whatever the transport had buffered, in order from
 	 * seq 1, then RESOURCE_EXHAUSTED saying where to resume. */
 	uint64_t next = 1;
-	int res;
-	for (;;) {
-		Histd__V1__HistoryEvent *ev = t_next_event(stalled, 30000, &res);
-		if (res != HISTD_STREAM_MESSAGE)
-			break;
-		assert_int_equal(ev->event_case,
-				 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
-		for (size_t i = 0; i < ev->appended->n_messages; i++)
-			assert_int_equal(ev->appended->messages[i]->seq, next++);
-		histd_client_message_free(&ev->base);
-	}
-	assert_int_equal(res, HISTD_STREAM_END);
+	assert_int_equal(read_appended(stalled, &next, 0), HISTD_STREAM_END);
 	const histd_status *fin = histd_client_stream_status(stalled);
 	assert_status(fin, GRPC_STATUS_RESOURCE_EXHAUSTED);
 	const char *resume = histd_status_trailer(fin, "histd-resume-after-seq");
@@ -195,15 +208,8 @@ static void stalled_subscriber_is_ended_and_nobody_else_waits(void **state)
 
 	/* Resuming there gives the rest, without gap. */
 	histd_client_stream *again = t_subscribe(stalled_client, id, resume_after);
-	while (next <= N_APPENDS) {
-		Histd__V1__HistoryEvent *ev = t_next_event(again, 30000, &res);
-		assert_int_equal(res, HISTD_STREAM_MESSAGE);
-		assert_int_equal(ev->event_case,
-				 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
-		for (size_t i = 0; i < ev->appended->n_messages; i++)
-			assert_int_equal(ev->appended->messages[i]->seq, next++);
-		histd_client_message_free(&ev->base);
-	}
+	assert_int_equal(read_appended(again, &next, N_APPENDS),
+			 HISTD_STREAM_MESSAGE);
 
 	histd_client_stream_close(again);
 	histd_client_stream_close(stalled);
@@ -261,8 +267,9 @@ static void resume_after_missed_truncates_drops_what_they_removed(void **state)
 {
 	(void)state;
 	static const char *const flags[] = {
-		"--subscriber-queue", "4", "--default-pipeline",
-		"window:max_messages=60,retention=delete", NULL };
+		"--subscriber-queue", "4", "--subscriber-end-grace", "600",
+		"--default-pipeline", "window:max_messages=60,retention=delete",
+		NULL };
 	histd_proc *p = NULL;
 	assert_int_equal(harness_start(&p, flags), 0);
 	histd_client *writer = harness_client(p);
@@ -342,6 +349,123 @@ static void resume_after_missed_truncates_drops_what_they_removed(void **state)
 	assert_int_equal(harness_stop(p), 0);
 }
 
+/* Whether a new stream of session id gets in: it must see the append
+ * made after it subscribed. */
+static int admitted(histd_client *writer, histd_client *c, const char *id,
+		    uint64_t after_seq, histd_client_stream **out)
+{
+	histd_client_stream *s = t_subscribe(c, id, after_seq);
+	assert_int_equal(t_append_texts(writer, id, 1, "probe", 0, NULL),
+			 GRPC_STATUS_OK);
+	int res;
+	Histd__V1__HistoryEvent *ev = t_next_event(s, 30000, &res);
+	if (ev) {
+		histd_client_message_free(&ev->base);
+		*out = s;
+		return 1;
+	}
+	assert_int_equal(res, HISTD_STREAM_END);
+	const histd_status *st = histd_client_stream_status(s);
+	assert_status(st, GRPC_STATUS_RESOURCE_EXHAUSTED);
+	assert_non_null(strstr(st->details, "this session"));
+	histd_client_stream_close(s);
+	return 0;
+}
+
+/*
+ * With one stream per session allowed: a client that subscribes and then
+ * reads nothing is ended as too slow once appends overflow its queue, and
+ * from then on another stream of the session gets in. After
+ * --subscriber-end-grace its stream is cancelled: reading at last, the
+ * client gets what its transport had taken, in order, then
+ * RESOURCE_EXHAUSTED naming the after_seq to resume from, which gives the
+ * rest without gap.
+ */
+static void stalled_subscriber_gives_its_place_and_is_cancelled_after_the_grace(void **state)
+{
+	(void)state;
+	static const char *const flags[] = {
+		"--subscriber-queue", "8", "--max-subscribers-per-session", "1",
+		"--subscriber-end-grace", "1", NULL };
+	histd_proc *p = NULL;
+	assert_int_equal(harness_start(&p, flags), 0);
+	histd_client *writer = harness_client(p);
+	histd_client *stalled_client = harness_client(p);
+	histd_client *other_client = harness_client(p);
+	char *id = t_create_session(writer, "slow-grace");
+	histd_client_stream *stalled = t_subscribe(stalled_client, id, 0);
+
+	/* 10 messages of 4 KiB per Append; after each 20, try another
+	 * stream. */
+	tarena *a = ta_new();
+	char *text = ta_alloc(a, MESSAGE_BYTES + 1);
+	memset(text, 'm', MESSAGE_BYTES);
+	Histd__V1__Message *m[10];
+	for (size_t i = 0; i < 10; i++)
+		m[i] = tm_text(a, HISTD__V1__ROLE__ROLE_USER, text);
+	Histd__V1__AppendRequest req = HISTD__V1__APPEND_REQUEST__INIT;
+	req.session_id = id;
+	req.n_messages = 10;
+	req.messages = m;
+	histd_status st;
+	histd_status_init(&st);
+	histd_client_stream *other = NULL;
+	uint64_t last = 0;
+	for (int round = 0; round < 50 && !other; round++) {
+		for (int i = 0; i < 20; i++) {
+			Histd__V1__AppendResponse *resp = NULL;
+			t_call(writer, "Append", &req,
+			       &histd__v1__append_response__descriptor, &resp,
+			       &st);
+			assert_status(&st, GRPC_STATUS_OK);
+			last = resp->last_seq;
+			histd_client_message_free(&resp->base);
+			histd_status_reset(&st);
+		}
+		/* The probe appends one message either way. */
+		admitted(writer, other_client, id, last, &other);
+		last++;
+	}
+	fprintf(stderr, "another stream got in after %llu messages\n",
+		(unsigned long long)last);
+	assert_non_null(other);
+	histd_client_stream_close(other);
+
+	/* The grace (1 s) and the hub's next look (1 s more at most). */
+	struct timespec ts = { 3, 0 };
+	nanosleep(&ts, NULL);
+	uint64_t next = 1;
+	assert_int_equal(read_appended(stalled, &next, 0), HISTD_STREAM_END);
+	const histd_status *fin = histd_client_stream_status(stalled);
+	t_print_status("stalled subscriber", fin);
+	assert_status(fin, GRPC_STATUS_RESOURCE_EXHAUSTED);
+	assert_null(histd_status_trailer(fin, "histd-resume-after-seq"));
+	const char *at = strstr(fin->details, "subscribe again with after_seq ");
+	assert_non_null(at);
+	uint64_t resume_after = strtoull(at + strlen("subscribe again with "
+						     "after_seq "), NULL, 10);
+	fprintf(stderr, "it got %llu messages\n", (unsigned long long)(next - 1));
+	/* What it got is what it may skip: no gap, no repeat. */
+	assert_true(resume_after < last);
+	assert_int_equal(resume_after, next - 1);
+
+	/* Resuming there gives the rest, without gap. */
+	next = resume_after + 1;
+	histd_client_stream *again = t_subscribe(stalled_client, id,
+						 resume_after);
+	assert_int_equal(read_appended(again, &next, last),
+			 HISTD_STREAM_MESSAGE);
+
+	histd_client_stream_close(again);
+	histd_client_stream_close(stalled);
+	histd_client_close(other_client);
+	histd_client_close(stalled_client);
+	histd_client_close(writer);
+	free(id);
+	ta_free(a);
+	assert_int_equal(harness_stop(p), 0);
+}
+
 int main(int argc, char **argv)
 {
 	if (harness_init(argc, argv))
@@ -349,6 +473,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(stalled_subscriber_is_ended_and_nobody_else_waits),
 		cmocka_unit_test(resume_after_missed_truncates_drops_what_they_removed),
+		cmocka_unit_test(stalled_subscriber_gives_its_place_and_is_cancelled_after_the_grace),
 		cmocka_unit_test(sigterm_stops_the_server_with_exit_status_0),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -236,6 +236,8 @@ struct fake {
 	int fin_calls;
 	int fin_err;
 	int more_calls;         /* ops.more asked for the next replay part */
+	int abort_calls;
+	char abort_msg[256];
 	uint64_t resume;
 	char msg[256];
 	struct fake *next_done; /* completer queue */
@@ -355,10 +357,23 @@ fake_more(void *stream)
 	return 0;
 }
 
+static void
+fake_abort(void *stream, const char *msg)
+{
+	struct fake *f = stream;
+
+	pthread_mutex_lock(&f->mu);
+	f->abort_calls++;
+	snprintf(f->abort_msg, sizeof(f->abort_msg), "%s", msg);
+	pthread_cond_broadcast(&f->cv);
+	pthread_mutex_unlock(&f->mu);
+}
+
 static const histd_sub_ops fake_ops = {
 	.send = fake_send,
 	.finish = fake_finish,
 	.more = fake_more,
+	.abort = fake_abort,
 };
 
 static struct fake *
@@ -1628,6 +1643,82 @@ subscriber_limits_answer_elimit(void **state)
 	histd_hub_free(h);
 }
 
+/* Waits until f was aborted; the number of aborts, 0 on timeout. */
+static int
+fake_wait_aborted(struct fake *f)
+{
+	struct timespec ts;
+	int got;
+
+	deadline_in(&ts, 5000);
+	pthread_mutex_lock(&f->mu);
+	while (!f->abort_calls &&
+	       pthread_cond_timedwait(&f->cv, &f->mu, &ts) != ETIMEDOUT)
+		;
+	got = f->abort_calls;
+	pthread_mutex_unlock(&f->mu);
+	return got;
+}
+
+/* A stream ended as too slow leaves its place in the session at once; if
+ * its send in flight is still stuck after the grace, it is aborted, naming
+ * the last seq its client got, not the one in flight. A stream whose send
+ * completes in time is not. */
+static void
+slow_subscriber_leaves_its_place_and_is_aborted_after_the_grace(void **state)
+{
+	histd_hub_config cfg = {
+		.queue_max = 2, .max_per_session = 2,
+		.end_grace_us = 200000,
+	};
+	histd_hub *h = NULL;
+	struct fake *stuck = fake_new(FAKE_MANUAL);
+	struct fake *slow = fake_new(FAKE_MANUAL);
+	struct fake *next = fake_new(FAKE_AUTO);
+	uint64_t seq;
+
+	(void)state;
+	assert_int_equal(histd_hub_new(&h, &cfg), 0);
+	assert_int_equal(subscribe(h, "s1", stuck), 0);
+	assert_int_equal(subscribe(h, "s1", slow), 0);
+	histd_hub_start(stuck->sub, NULL, 0, 0);
+	histd_hub_start(slow->sub, NULL, 0, 0);
+	notify_append(h, "s1", 1, 1, 1);
+	assert_int_equal(fake_wait_sent(stuck, 1), 1);
+	assert_int_equal(fake_complete(stuck, 1), 0);
+	/* Seq 2 in flight for both, 3 and 4 queued, 5 is one too many. */
+	for (seq = 2; seq <= 5; seq++)
+		notify_append(h, "s1", seq, seq, 1);
+	hub_sync(h);
+	assert_int_equal(stuck->fin_calls, 1);
+	assert_int_equal(stuck->fin_err, HISTD_ELIMIT);
+	assert_int_equal(stuck->resume, 2);
+	assert_int_equal(slow->fin_calls, 1);
+
+	/* Both ended: a new stream gets in although two are still open. */
+	assert_int_equal(subscribe(h, "s1", next), 0);
+	histd_hub_start(next->sub, NULL, 0, 5);
+
+	/* slow's send completes within the grace: its status goes out. */
+	assert_int_equal(fake_complete(slow, 1), 0);
+	assert_int_equal(fake_wait_aborted(stuck), 1);
+	assert_non_null(strstr(stuck->abort_msg, "after_seq 1"));
+	usleep(400000);
+	assert_int_equal(slow->abort_calls, 0);
+	assert_int_equal(stuck->abort_calls, 1);
+
+	assert_contract_kept(stuck);
+	assert_contract_kept(slow);
+	fake_close(stuck);
+	fake_close(slow);
+	fake_close(next);
+	assert_int_equal(histd_hub_count(h), 0);
+	fake_free(stuck);
+	fake_free(slow);
+	fake_free(next);
+	histd_hub_free(h);
+}
+
 static void
 unsubscribe_mid_flight_frees_its_queue_and_spares_the_others(void **state)
 {
@@ -2178,6 +2269,7 @@ main(void)
 		cmocka_unit_test(split_change_takes_one_queue_place_and_stays_whole),
 		cmocka_unit_test(shutdown_finishes_every_stream_unavailable),
 		cmocka_unit_test(subscriber_limits_answer_elimit),
+		cmocka_unit_test(slow_subscriber_leaves_its_place_and_is_aborted_after_the_grace),
 		cmocka_unit_test(unsubscribe_mid_flight_frees_its_queue_and_spares_the_others),
 		cmocka_unit_test(failed_send_stops_sending_without_a_status),
 		cmocka_unit_test(late_subscriber_does_not_get_events_notified_before_it_registered),
