@@ -595,7 +595,7 @@ catch_up(pg_driver *d, int64_t sid)
 	struct pg_watch *w = d->watch;
 	stripe *s = stripe_of(w, sid);
 	wentry *e;
-	uint64_t L, Q, C;
+	uint64_t L, Q;
 	pg_params p = { 0 };
 	PGresult *r = NULL, *sr = NULL;
 	histd_records msgs = { 0 }, sums = { 0 };
@@ -617,7 +617,6 @@ catch_up(pg_driver *d, int64_t sid)
 	}
 	L = e->last_rev;
 	Q = e->last_seq;
-	C = e->cleared;
 	pthread_mutex_unlock(&s->mu);
 
 	pg_p_i64(&p, sid);
@@ -669,7 +668,10 @@ catch_up(pg_driver *d, int64_t sid)
 
 	if (found) {
 		uint64_t floor = L;
-		int cleared_since = cleared > C && clear_rev > L;
+		/* By its revision alone: a clear of a session holding nothing
+		 * leaves cleared_to_seq where it was, and is a change all
+		 * the same. */
+		int cleared_since = clear_rev > L;
 		/* A truncate after any clear or replace of the gap. */
 		int truncated_since = trunc_rev > L && trunc_rev > clear_rev;
 

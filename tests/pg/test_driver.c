@@ -779,6 +779,57 @@ truncate_reaches_the_second_instance_as_cleared_keeping_system_messages(void **s
 	free(h.v);
 }
 
+/* A Clear of a session that holds nothing (new, or cleared already) moves
+ * no cleared_to_seq, but it is a change at its revision all the same: the
+ * second instance reports it, as the first does. */
+static void
+a_clear_of_an_empty_session_reaches_the_second_instance(void **state)
+{
+	fixture *f = *state;
+	histd_driver *d2;
+	hook h = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+		   .next_seq = 1 };
+	histd_append_result res;
+	uint64_t rev, cleared;
+	const struct { enum histd_change_kind kind; uint64_t rev, cleared; } want[] = {
+		{ HISTD_CHANGE_CLEARED, 2, 0 }, { HISTD_CHANGE_APPENDED, 3, 0 },
+		{ HISTD_CHANGE_CLEARED, 4, 1 }, { HISTD_CHANGE_CLEARED, 5, 1 },
+		{ HISTD_CHANGE_APPENDED, 6, 1 },
+	};
+
+	f->d = open_driver(f->dsn, 2);
+	d2 = open_driver(f->dsn, 2);
+	histd_driver_set_notify(d2, on_change, &h);
+	create(f->d, "s");
+	track(d2, "s");
+	/* Each change is waited for: every one is caught up on its own. */
+	assert_int_equal(histd_driver_clear(f->d, "t", "s", 0, &rev, &cleared, NULL), 0);
+	assert_int_equal(rev, 2);
+	wait_revision(&h, 2, 10000);
+	assert_int_equal(append_text(f->d, "s", "a", &res), 0);
+	wait_revision(&h, 3, 10000);
+	for (uint64_t want_rev = 4; want_rev <= 5; want_rev++) {
+		assert_int_equal(histd_driver_clear(f->d, "t", "s", 0, &rev, &cleared,
+						    NULL), 0);
+		assert_int_equal(rev, want_rev);
+		wait_revision(&h, want_rev, 10000);
+	}
+	assert_int_equal(append_text(f->d, "s", "b", &res), 0);
+	wait_revision(&h, 6, 10000);
+	pthread_mutex_lock(&h.mu);
+	hook_check(&h);
+	assert_int_equal(h.n, 5);
+	for (size_t i = 0; i < 5; i++) {
+		assert_int_equal(h.v[i].kind, want[i].kind);
+		assert_int_equal(h.v[i].revision, want[i].rev);
+		if (want[i].kind == HISTD_CHANGE_CLEARED)
+			assert_int_equal(h.v[i].cleared_to_seq, want[i].cleared);
+	}
+	pthread_mutex_unlock(&h.mu);
+	histd_driver_close(d2);
+	free(h.v);
+}
+
 /* What a subscriber holds, rebuilt from the changes alone: each seq's
  * role (0: not held). */
 #define MIRROR_SEQS 256
@@ -1257,6 +1308,7 @@ main(void)
 		T(second_instance_catches_up_after_its_listener_was_killed),
 		T(own_changes_reach_the_hook_before_the_call_returns),
 		T(truncate_reaches_the_second_instance_as_cleared_keeping_system_messages),
+		T(a_clear_of_an_empty_session_reaches_the_second_instance),
 		T(a_second_instance_that_missed_truncates_catches_up_to_the_stored_session),
 		T(sessions_per_tenant_limit_holds_for_creates_racing_on_two_instances),
 		T(session_size_limit_holds_for_appends_racing_on_two_instances),
