@@ -144,6 +144,23 @@ static const char *const migrations[] = {
 	 * nothing. */
 	"ALTER TABLE sessions ADD COLUMN truncate_revision bigint NOT NULL"
 	"  DEFAULT 0;",
+
+	/* 4: context keys unique per tenant by their digest. A btree entry
+	 * holds at most 2704 bytes, and the keys README allows reach about
+	 * 20 KB: the index of version 1 refused them. Equal jsonb values
+	 * print the same text (keys sorted, no duplicates); the statements
+	 * compare the keys themselves too. A function, as convert_to is only
+	 * stable (conversions may be redefined); from the database encoding
+	 * to UTF8 it is the same every time. Builds the index from sessions
+	 * once, under the migration's lock. */
+	"CREATE FUNCTION histd_keys_digest(keys jsonb) RETURNS bytea"
+	"  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE"
+	"  AS $$SELECT pg_catalog.sha256(pg_catalog.convert_to(keys::text,"
+	"  'UTF8'))$$;"
+	"DROP INDEX sessions_tenant_context_keys;"
+	"CREATE UNIQUE INDEX sessions_tenant_context_keys ON sessions"
+	"  (tenant, histd_keys_digest(context_keys))"
+	"  WHERE context_keys IS NOT NULL;",
 };
 
 #define N_MIGRATIONS (sizeof(migrations) / sizeof(migrations[0]))
@@ -244,6 +261,17 @@ fail:
  * seq field (a key byte and the varint) in front of the packed bytes. */
 #define RECORD_LEN "(octet_length(data) + 1 + " VARINT_LEN("seq") ")"
 
+/* A session row's context_keys are the jsonb k (an SQL expression): found
+ * by the digest index (schema version 4), confirmed by the keys. */
+#define KEYS_ARE(k) \
+	"histd_keys_digest(context_keys) = histd_keys_digest(" k "::jsonb)" \
+	" AND context_keys = " k "::jsonb"
+
+/* The conflict target of a resolve: that index. */
+#define KEYS_CONFLICT \
+	"ON CONFLICT (tenant, histd_keys_digest(context_keys))" \
+	" WHERE context_keys IS NOT NULL"
+
 /* Which session stands in the way of a create refused by the tenant's
  * limit ($1 tenant, $2 id, $3 context keys): 1 the id, 2 the keys, else 0;
  * a create that could not be made for either reason is EEXISTS, as it
@@ -253,7 +281,7 @@ fail:
 	" WHEN EXISTS (SELECT 1 FROM sessions WHERE tenant = $1::text" \
 	"  AND id = $2::text) THEN 1" \
 	" WHEN $3::jsonb IS NOT NULL AND EXISTS (SELECT 1 FROM sessions" \
-	"  WHERE tenant = $1::text AND context_keys = $3::jsonb) THEN 2" \
+	"  WHERE tenant = $1::text AND " KEYS_ARE("$3") ") THEN 2" \
 	" ELSE 0 END"
 
 /* The newest stored seq of session s, for exclude_newest ($9): last_seq
@@ -391,7 +419,7 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 
 	[ST_SESSION_BY_KEYS] =
 	"SELECT " PG_SESSION_COLS " FROM sessions s"
-	" WHERE s.tenant = $1 AND s.context_keys = $2::jsonb",
+	" WHERE s.tenant = $1 AND " KEYS_ARE("$2"),
 
 	/* As ST_SESSION_CREATE; nothing when the keys are taken. */
 	[ST_SESSION_RESOLVE] =
@@ -399,8 +427,7 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" created_at, updated_at, revision)"
 	" VALUES ($1, $2, $3::jsonb, $4::jsonb, $5::bytea, $6::timestamptz,"
 	" $6::timestamptz, 1)"
-	" ON CONFLICT (tenant, context_keys) WHERE context_keys IS NOT NULL"
-	" DO NOTHING"
+	" " KEYS_CONFLICT " DO NOTHING"
 	" RETURNING " PG_SESSION_COLS,
 
 	/* As ST_SESSION_RESOLVE, limited as ST_SESSION_CREATE_LIMITED (same
@@ -411,8 +438,7 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	"  config, created_at, updated_at, revision)"
 	"  SELECT $1::text, $2::text, $3::jsonb, $4::jsonb, $5::bytea,"
 	"  $6::timestamptz, $6::timestamptz, 1 FROM n WHERE n.n < $7::int8"
-	"  ON CONFLICT (tenant, context_keys) WHERE context_keys IS NOT NULL"
-	"  DO NOTHING"
+	"  " KEYS_CONFLICT " DO NOTHING"
 	"  RETURNING " PG_SESSION_COLS ")"
 	" SELECT n.n, CASE WHEN n.n < $7::int8 THEN 0"
 	"  WHEN EXISTS (SELECT 1 FROM sessions WHERE tenant = $1::text"

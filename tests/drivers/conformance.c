@@ -1227,6 +1227,62 @@ static void session_resolve_matches_the_exact_key_set(void **state)
 	}
 }
 
+/* The largest context_keys README allows: 64 pairs, keys of 63 characters,
+ * values of 256 bytes (about 20 KB, and not compressible). */
+#define BIG_KEYS 64
+
+static void big_keys_fill(histd_kv *kv, char (*k)[64], char (*v)[257],
+			  uint32_t seed)
+{
+	static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+	uint32_t x = seed;
+
+	for (size_t i = 0; i < BIG_KEYS; i++) {
+		snprintf(k[i], 64, "k%02zu", i);
+		memset(k[i] + 3, 'k', 60);
+		k[i][63] = '\0';
+		for (size_t j = 0; j < 256; j++) {
+			x = x * 1103515245u + 12345u;
+			v[i][j] = abc[(x >> 16) % (sizeof(abc) - 1)];
+		}
+		v[i][256] = '\0';
+		kv[i] = (histd_kv){ k[i], v[i] };
+	}
+}
+
+static void session_resolve_and_create_take_the_largest_context_keys(void **state)
+{
+	ctest *t = *state;
+	static char k[BIG_KEYS][64], v[BIG_KEYS][257];
+	histd_kv kv[BIG_KEYS];
+	histd_session in = sess_in(TA, "big"), *out = NULL;
+	int created = 42;
+
+	big_keys_fill(kv, k, v, 1);
+	in.context_keys = kv;
+	in.n_context_keys = BIG_KEYS;
+	expect_ok(histd_driver_session_create(t->d, &in, &out));
+	histd_session_free(out);
+	out = NULL;
+	in.id = "other";
+	expect_ok(histd_driver_session_resolve(t->d, &in, &out, &created));
+	expect_eq(created, 0, "created by a resolve of the same keys");
+	assert_string_equal(out->id, "big");
+	expect_kv(out->context_keys, out->n_context_keys, kv, BIG_KEYS,
+		  "context_keys");
+	histd_session_free(out);
+	out = NULL;
+	expect_err(HISTD_EEXISTS, histd_driver_session_create(t->d, &in, &out));
+
+	/* One byte of one value differs: other keys, another session. */
+	v[BIG_KEYS - 1][255] = v[BIG_KEYS - 1][255] == 'A' ? 'B' : 'A';
+	created = 42;
+	expect_ok(histd_driver_session_resolve(t->d, &in, &out, &created));
+	expect_eq(created, 1, "created by a resolve of other keys");
+	assert_string_equal(out->id, "other");
+	histd_session_free(out);
+}
+
 static void session_resolve_with_taken_id_and_new_keys_is_exists(void **state)
 {
 	ctest *t = *state;
@@ -4718,6 +4774,7 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 		T(session_resolve_creates_once_then_returns_the_same_session),
 		T(session_resolve_finds_a_session_made_by_create),
 		T(session_resolve_matches_the_exact_key_set),
+		T(session_resolve_and_create_take_the_largest_context_keys),
 		T(session_resolve_with_taken_id_and_new_keys_is_exists),
 		T(session_resolve_is_per_tenant),
 		T(session_resolve_is_atomic_under_racing_threads),

@@ -192,6 +192,49 @@ refuses_a_schema_newer_than_the_binary(void **state)
 	assert_non_null(strstr(histd_error_message(), "newer"));
 }
 
+/* A database of schema version 3, whose context keys were unique by the
+ * keys themselves: opening migrates it to the digest index, and the
+ * sessions it holds are found by their keys, and still unique. */
+static void
+a_version_3_database_keeps_its_sessions_by_context_keys(void **state)
+{
+	fixture *f = *state;
+	histd_kv kv = { "chat", "c-1" };
+	histd_session in = { .tenant = "t", .id = "old", .context_keys = &kv,
+			     .n_context_keys = 1, .created_at_us = histd_now_us() };
+	histd_session *out = NULL;
+	int created = 42;
+	PGresult *r;
+
+	f->d = open_driver(f->dsn, 2);
+	assert_int_equal(histd_driver_session_create(f->d, &in, &out), 0);
+	histd_session_free(out);
+	out = NULL;
+	histd_driver_close(f->d);
+	r = pgh_sql(f->dsn, "DROP INDEX sessions_tenant_context_keys;"
+		    "DROP FUNCTION histd_keys_digest(jsonb);"
+		    "CREATE UNIQUE INDEX sessions_tenant_context_keys ON sessions"
+		    " (tenant, context_keys) WHERE context_keys IS NOT NULL;"
+		    "UPDATE histd_schema SET version = 3");
+	assert_non_null(r);
+	PQclear(r);
+
+	f->d = open_driver(f->dsn, 2);
+	assert_int_equal(sql_long(f->dsn, "SELECT version FROM histd_schema"),
+			 PG_SCHEMA_VERSION);
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM pg_indexes WHERE"
+				  " indexname = 'sessions_tenant_context_keys' AND"
+				  " indexdef LIKE '%histd_keys_digest%'"), 1);
+	in.id = "new";
+	assert_int_equal(histd_driver_session_resolve(f->d, &in, &out, &created), 0);
+	assert_int_equal(created, 0);
+	assert_string_equal(out->id, "old");
+	histd_session_free(out);
+	out = NULL;
+	assert_int_equal(histd_driver_session_create(f->d, &in, &out), HISTD_EEXISTS);
+	assert_non_null(strstr(histd_error_message(), "context_keys"));
+}
+
 static void *
 open_close(void *arg)
 {
@@ -418,6 +461,12 @@ reads_and_lists_use_indexes_not_scans(void **state)
 		       " '{2024-01-01}', '{1}', '{\"\\\\x0a\"}', '{\"\"}', '{NULL}',"
 		       " '{0}', '{0}', '{1}', 100, 0");
 	assert_non_null(strstr(plan, "sessions_tenant_id"));
+	assert_null(strstr(plan, "Seq Scan"));
+	free(plan);
+	/* A resolve finds the holder of its keys by their digest. */
+	plan = plan_of(f->dsn, pg_stmt_sql[ST_SESSION_BY_KEYS],
+		       "'t', '{\"chat\": \"c-1\"}'");
+	assert_non_null(strstr(plan, "sessions_tenant_context_keys"));
 	assert_null(strstr(plan, "Seq Scan"));
 	free(plan);
 	plan = plan_of(f->dsn, pg_stmt_sql[ST_SESSION_LIST], "'t', 'other-5', 101");
@@ -1299,6 +1348,7 @@ main(void)
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
 	const struct CMUnitTest tests[] = {
 		T(refuses_a_schema_newer_than_the_binary),
+		T(a_version_3_database_keeps_its_sessions_by_context_keys),
 		T(replicas_starting_together_migrate_once),
 		T(open_without_a_dsn_or_with_a_dead_one_fails_cleanly),
 		T(messages_keep_queryable_columns_beside_their_bytes),

@@ -386,6 +386,10 @@ messages_stored_before_version_2_are_searchable_after_start(void **state)
 	sql_ok(f->dsn, "ALTER TABLE sessions DROP COLUMN text_docs,"
 	       " DROP COLUMN text_len, DROP COLUMN any_docs, DROP COLUMN any_len,"
 	       " DROP COLUMN truncate_revision");
+	sql_ok(f->dsn, "DROP INDEX sessions_tenant_context_keys;"
+	       " DROP FUNCTION histd_keys_digest(jsonb);"
+	       " CREATE UNIQUE INDEX sessions_tenant_context_keys ON sessions"
+	       " (tenant, context_keys) WHERE context_keys IS NOT NULL");
 	sql_ok(f->dsn, "UPDATE histd_schema SET version = 1");
 
 	f->d = open_pg(f->dsn);
