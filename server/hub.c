@@ -38,10 +38,11 @@
  *
  * Subscribers. Each has a bounded queue of live changes (a change too large
  * for one event queues its first, the others chained behind it), the
- * replay events in front of it once started, at most one event in flight (the transport's
- * send), and `ended` once it may no longer be sent to (finished, or its
- * stream broken); an ended subscriber drops its queue and ignores events
- * until it is unsubscribed.
+ * replay events in front of it once started, at most one event in flight
+ * (the transport's send), and `ended` once it may no longer be sent to
+ * (finished, or its stream broken); an ended subscriber drops its queue and
+ * ignores events until it is unsubscribed. One ended as too slow whose
+ * client reads nothing more is aborted after a grace (cfg.end_grace_us).
  *
  * Lock order (a lock may be taken while holding those to its left only):
  *
