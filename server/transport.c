@@ -782,7 +782,7 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 {
 	struct histd_server *s = calloc(1, sizeof(*s));
 	grpc_server_credentials *creds;
-	grpc_arg args[2];
+	grpc_arg args[3];
 	grpc_channel_args chargs;
 	int port;
 
@@ -833,7 +833,13 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 	args[1].key = GRPC_ARG_MAX_CONCURRENT_STREAMS;
 	args[1].value.integer = (int)(cfg->max_concurrent_streams > INT32_MAX ?
 				      INT32_MAX : cfg->max_concurrent_streams);
-	chargs.num_args = 2;
+	/* gRPC binds with SO_REUSEPORT by default: a second histd given the
+	 * port of a running one would start and take half its connections,
+	 * serving them from another store. The port must be free. */
+	args[2].type = GRPC_ARG_INTEGER;
+	args[2].key = GRPC_ARG_ALLOW_REUSEPORT;
+	args[2].value.integer = 0;
+	chargs.num_args = 3;
 	chargs.args = args;
 
 	s->cq = grpc_completion_queue_create_for_next(NULL);

@@ -39,4 +39,24 @@ expect 2 "HISTD_TEST_NO_KEY2" --anthropic-model claude-test \
 	--anthropic-api-key-env HISTD_TEST_NO_KEY2
 expect 1 "cannot write metrics port file" --metrics-listen 127.0.0.1:0 \
 	--metrics-port-file "$dir/missing/dir/port"
+
+# A second histd on the port of a running one must not start and take a
+# share of its connections.
+timeout 60 "$histd" --auth-disabled --driver memory --listen 127.0.0.1:0 \
+	--port-file "$dir/port" 2>"$dir/first.log" &
+first=$!
+for _ in $(seq 100); do
+	[ -s "$dir/port" ] && break
+	sleep 0.1
+done
+if [ -s "$dir/port" ]; then
+	expect 1 "cannot listen on 127.0.0.1:$(cat "$dir/port")" \
+		--listen "127.0.0.1:$(cat "$dir/port")"
+else
+	echo "the first histd did not start"
+	cat "$dir/first.log"
+	fail=1
+fi
+kill "$first"
+wait "$first"
 exit $fail
