@@ -371,8 +371,6 @@ set_opt(histd_config *cfg, const struct opt *o, const char *val,
 	return 0;
 }
 
-/* gRPC takes a port above 65535 modulo 65536 and binds another one:
- * anything but a unix socket must end in :0..65535. */
 static const char *const fsync_modes[] = { "always", "batch", "never", NULL };
 
 /* v is one of the NULL-ended set. */
@@ -385,15 +383,14 @@ one_of(const char *v, const char *const *set)
 	return 0;
 }
 
+/* host:port ends in a port from 0 to 65535. */
 static int
-listen_port_valid(const char *listen)
+port_valid(const char *hostport)
 {
-	const char *colon = strrchr(listen, ':');
+	const char *colon = strrchr(hostport, ':');
 	unsigned long port = 0;
 	size_t digits = 0;
 
-	if (!strncmp(listen, "unix:", 5) || !strncmp(listen, "unix-abstract:", 14))
-		return 1;
 	if (!colon)
 		return 0;
 	for (const char *p = colon + 1; *p; p++, digits++) {
@@ -402,6 +399,16 @@ listen_port_valid(const char *listen)
 		port = port * 10 + (unsigned long)(*p - '0');
 	}
 	return digits > 0 && port <= 65535;
+}
+
+/* gRPC takes a port above 65535 modulo 65536 and binds another one:
+ * anything but a unix socket must end in :0..65535. */
+static int
+listen_port_valid(const char *listen)
+{
+	if (!strncmp(listen, "unix:", 5) || !strncmp(listen, "unix-abstract:", 14))
+		return 1;
+	return port_valid(listen);
 }
 
 /* Options where 0 would not mean "none" but quietly break the server:
@@ -714,6 +721,13 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 		fprintf(stderr, "histd: listen '%s' needs a port from 0 to "
 			"65535 (host:port, [v6]:port or unix:path)\n",
 			cfg->listen);
+		return -1;
+	}
+	/* The metrics endpoint would take a port it was not given. */
+	if (*cfg->metrics_listen && !port_valid(cfg->metrics_listen)) {
+		fprintf(stderr, "histd: metrics-listen '%s' needs a port from 0 "
+			"to 65535 (host:port or [v6]:port)\n",
+			cfg->metrics_listen);
 		return -1;
 	}
 	if (!*cfg->api_keys_file && !cfg->auth_disabled) {

@@ -37,6 +37,9 @@ expect 2 "HISTD_TEST_NO_KEY" --embedding-provider openai \
 unset HISTD_TEST_NO_KEY2
 expect 2 "HISTD_TEST_NO_KEY2" --anthropic-model claude-test \
 	--anthropic-api-key-env HISTD_TEST_NO_KEY2
+# strtol would read the port as 0 and bind a random one.
+expect 2 "metrics-listen '127.0.0.1:9O9O' needs a port" \
+	--metrics-listen 127.0.0.1:9O9O
 expect 1 "cannot write metrics port file" --metrics-listen 127.0.0.1:0 \
 	--metrics-port-file "$dir/missing/dir/port"
 

@@ -73,6 +73,22 @@ flag_beats_environment_beats_file(void **state)
 	unlink(path);
 }
 
+/* histd --auth-disabled FLAG value, for each value: load returns want. */
+static void
+each_value_loads(const char *flag, const char *const *values, size_t n,
+		 int want)
+{
+	histd_config cfg;
+
+	for (size_t i = 0; i < n; i++) {
+		char *argv[] = { "histd", "--auth-disabled", (char *)flag,
+				 (char *)values[i] };
+
+		assert_int_equal(load(&cfg, 4, argv), want);
+		histd_config_free(&cfg);
+	}
+}
+
 static void
 bad_input_is_refused(void **state)
 {
@@ -98,20 +114,10 @@ bad_input_is_refused(void **state)
 				      "unix:/tmp/histd.sock" };
 
 	(void)state;
-	for (size_t i = 0; i < sizeof(bad_listen) / sizeof(*bad_listen); i++) {
-		char *argv[] = { "histd", "--auth-disabled", "--listen",
-				 (char *)bad_listen[i] };
-
-		assert_int_equal(load(&cfg, 4, argv), -1);
-		histd_config_free(&cfg);
-	}
-	for (size_t i = 0; i < sizeof(good_listen) / sizeof(*good_listen); i++) {
-		char *argv[] = { "histd", "--auth-disabled", "--listen",
-				 (char *)good_listen[i] };
-
-		assert_int_equal(load(&cfg, 4, argv), 0);
-		histd_config_free(&cfg);
-	}
+	each_value_loads("--listen", bad_listen,
+			 sizeof(bad_listen) / sizeof(*bad_listen), -1);
+	each_value_loads("--listen", good_listen,
+			 sizeof(good_listen) / sizeof(*good_listen), 0);
 	assert_int_equal(load(&cfg, 3, unknown), -1);
 	histd_config_free(&cfg);
 	assert_int_equal(load(&cfg, 3, negative), -1);
@@ -138,6 +144,23 @@ bad_input_is_refused(void **state)
 	histd_config_free(&cfg);
 	assert_int_equal(load(&cfg, 6, good_choices), 0);
 	histd_config_free(&cfg);
+}
+
+/* A metrics port that is not a number would have the endpoint bind a
+ * random one (strtol's 0) and histd serve on without it. */
+static void
+metrics_listen_needs_a_port(void **state)
+{
+	const char *bad[] = { "127.0.0.1:abc", "127.0.0.1:", "0.0.0.0:9090x",
+			      "0.0.0.0", "[::]:65536", "unix:/tmp/m.sock" };
+	const char *good[] = { "0.0.0.0:9090", "127.0.0.1:0", "[::]:9090",
+			       "localhost:9090", ":9090", "" };
+
+	(void)state;
+	each_value_loads("--metrics-listen", bad, sizeof(bad) / sizeof(*bad),
+			 -1);
+	each_value_loads("--metrics-listen", good,
+			 sizeof(good) / sizeof(*good), 0);
 }
 
 /* Options where 0 would not mean "none" but break the server quietly. */
@@ -286,6 +309,7 @@ main(void)
 		cmocka_unit_test(defaults_apply_without_input),
 		cmocka_unit_test(flag_beats_environment_beats_file),
 		cmocka_unit_test(bad_input_is_refused),
+		cmocka_unit_test(metrics_listen_needs_a_port),
 		cmocka_unit_test(zero_is_refused_where_one_is_the_least),
 		cmocka_unit_test(unknown_yaml_key_is_refused),
 		cmocka_unit_test(repeated_yaml_key_or_document_is_refused),
