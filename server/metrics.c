@@ -1,8 +1,9 @@
 #include "metrics.h"
 
 #include <microhttpd.h>
+#include <netdb.h>
 #include <netinet/in.h>
-#include <arpa/inet.h>
+#include <sys/socket.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -291,41 +292,52 @@ answer(void *cls, struct MHD_Connection *conn, const char *url,
 int
 histd_metrics_start(const char *listen, int *bound_port)
 {
-	struct sockaddr_in sa;
+	struct addrinfo hints, *ai = NULL;
 	const char *colon;
-	char host[64];
-	long port;
+	char host[256];
+	size_t hlen;
+	int gai;
 	const union MHD_DaemonInfo *info;
 
 	*bound_port = 0;
 	if (!listen || !*listen)
 		return 0;
+	/* host:port, [v6]:port or :port; the port was checked with the
+	 * configuration. */
 	colon = strrchr(listen, ':');
 	if (!colon || (size_t)(colon - listen) >= sizeof(host))
 		return histd_error_set(HISTD_EINVALID, "metrics-listen '%s' is "
 				       "not host:port", listen);
-	memcpy(host, listen, (size_t)(colon - listen));
-	host[colon - listen] = '\0';
-	port = strtol(colon + 1, NULL, 10);
-	memset(&sa, 0, sizeof(sa));
-	sa.sin_family = AF_INET;
-	sa.sin_port = htons((uint16_t)port);
-	if (port < 0 || port > 65535 ||
-	    inet_pton(AF_INET, *host ? host : "0.0.0.0", &sa.sin_addr) != 1)
-		return histd_error_set(HISTD_EINVALID, "metrics-listen '%s' is "
-				       "not an IPv4 host:port", listen);
+	hlen = (size_t)(colon - listen);
+	if (hlen >= 2 && listen[0] == '[' && listen[hlen - 1] == ']') {
+		memcpy(host, listen + 1, hlen - 2);
+		host[hlen - 2] = '\0';
+	} else {
+		memcpy(host, listen, hlen);
+		host[hlen] = '\0';
+	}
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	gai = getaddrinfo(*host ? host : "0.0.0.0", colon + 1, &hints, &ai);
+	if (gai != 0)
+		return histd_error_set(HISTD_EINVALID, "metrics-listen '%s': %s",
+				       listen, gai_strerror(gai));
 	daemon_ = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD |
-				   MHD_USE_ERROR_LOG, 0, NULL, NULL,
-				   answer, NULL,
-				   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+				   MHD_USE_ERROR_LOG |
+				   (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0),
+				   0, NULL, NULL, answer, NULL,
+				   MHD_OPTION_SOCK_ADDR, ai->ai_addr,
 				   MHD_OPTION_CONNECTION_LIMIT, 64,
 				   MHD_OPTION_CONNECTION_TIMEOUT, 10,
 				   MHD_OPTION_END);
+	freeaddrinfo(ai);
 	if (!daemon_)
 		return histd_error_set(HISTD_EINVALID, "cannot serve metrics "
 				       "on %s", listen);
 	info = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_BIND_PORT);
-	*bound_port = info ? info->port : (int)port;
+	*bound_port = info ? info->port : atoi(colon + 1);
 	return 0;
 }
 

@@ -17,9 +17,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* Starts the HTTP endpoint on host:port ("" or NULL: no endpoint, the
- * metrics are still recorded); *bound_port says the port (port 0 picks
- * one). 0, or EINVALID naming the address. */
+/* Starts the HTTP endpoint on host:port or [v6]:port, a host name bound
+ * at its first address ("" or NULL: no endpoint, the metrics are still
+ * recorded); *bound_port says the port (port 0 picks one). 0, or
+ * EINVALID naming the address. */
 int histd_metrics_start(const char *listen, int *bound_port);
 void histd_metrics_stop(void);
 

@@ -36,7 +36,8 @@ log_path = os.path.join(tmp, "histd.log")
 pf, mf = os.path.join(tmp, "port"), os.path.join(tmp, "mport")
 log = open(log_path, "w")
 proc = subprocess.Popen([ARGS.histd, "--auth-disabled", "--driver", "memory", "--listen", "127.0.0.1:0", "--port-file", pf,
-                         "--metrics-listen", "127.0.0.1:0", "--metrics-port-file", mf,
+                         # a host name, as --listen takes one
+                         "--metrics-listen", "localhost:0", "--metrics-port-file", mf,
                          "--log-level", "debug"], stderr=log)
 passes, failures = [], []
 
@@ -82,7 +83,7 @@ try:
     red = stub.Reduce(pb.ReduceRequest(session_id="obs", max_entries=5))
     check(red.summary.covers_to_seq > 0, "a Reduce compacts")
 
-    url = "http://127.0.0.1:%s/metrics" % mport
+    url = "http://localhost:%s/metrics" % mport
     body = urllib.request.urlopen(url, timeout=5).read().decode()
     check('histd_rpc_requests_total{method="Append",code="OK"} 15' in body,
           "metrics count Append OK")
@@ -98,7 +99,7 @@ try:
     check('histd_compactions_total{result="ok"} 1' in body, "compactions are counted")
     check(SECRET not in body, "metrics have no conversation text")
     try:
-        urllib.request.urlopen("http://127.0.0.1:%s/other" % mport, timeout=5)
+        urllib.request.urlopen("http://localhost:%s/other" % mport, timeout=5)
         check(False, "other paths answer 404")
     except urllib.error.HTTPError as e:
         check(e.code == 404, "other paths answer 404")
