@@ -197,7 +197,6 @@ histd_metrics_render(void)
 	size_t len = 0;
 	FILE *out = open_memstream(&buf, &len);
 	int nm = atomic_load(&n_methods), nc = atomic_load(&n_counters);
-	const char *last_family = "";
 
 	if (!out)
 		return NULL;
@@ -237,17 +236,27 @@ histd_metrics_render(void)
 					histd_error_name(-k),
 					(unsigned long long)v);
 		}
+	/* Counters are listed in the order of first use, so the label sets
+	 * of one family may be apart: each family is written once, all its
+	 * samples under one HELP and TYPE, as Prometheus requires. */
 	for (int i = 0; i < nc; i++) {
-		if (strcmp(counters[i].family, last_family) != 0) {
-			fprintf(out, "# HELP %s %s\n# TYPE %s counter\n",
-				counters[i].family, counters[i].help,
-				counters[i].family);
-			last_family = counters[i].family;
-		}
-		fprintf(out, "%s%s%s%s %llu\n", counters[i].family,
-			counters[i].labels[0] ? "{" : "", counters[i].labels,
-			counters[i].labels[0] ? "}" : "",
-			(unsigned long long)atomic_load(&counters[i].value));
+		int done = 0;
+
+		for (int j = 0; j < i && !done; j++)
+			done = strcmp(counters[j].family, counters[i].family) == 0;
+		if (done)
+			continue;
+		fprintf(out, "# HELP %s %s\n# TYPE %s counter\n",
+			counters[i].family, counters[i].help,
+			counters[i].family);
+		for (int j = i; j < nc; j++)
+			if (strcmp(counters[j].family, counters[i].family) == 0)
+				fprintf(out, "%s%s%s%s %llu\n", counters[j].family,
+					counters[j].labels[0] ? "{" : "",
+					counters[j].labels,
+					counters[j].labels[0] ? "}" : "",
+					(unsigned long long)atomic_load(
+						&counters[j].value));
 	}
 	for (int i = 0; i < n_collectors; i++)
 		collectors[i].fn(collectors[i].ctx, out);

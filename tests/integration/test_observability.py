@@ -35,10 +35,14 @@ SECRET = "SECRET-CONVERSATION-TEXT-7f3a"
 log_path = os.path.join(tmp, "histd.log")
 pf, mf = os.path.join(tmp, "port"), os.path.join(tmp, "mport")
 log = open(log_path, "w")
+# A provider summarizer that cannot be reached: its calls fail at once.
+env = dict(os.environ, HISTD_TEST_OBS_KEY="k-test")
 proc = subprocess.Popen([ARGS.histd, "--auth-disabled", "--driver", "memory", "--listen", "127.0.0.1:0", "--port-file", pf,
+                         "--anthropic-model", "m", "--anthropic-api-key-env", "HISTD_TEST_OBS_KEY",
+                         "--anthropic-base-url", "http://127.0.0.1:1", "--summarizer-max-retries", "0",
                          # a host name, as --listen takes one
                          "--metrics-listen", "localhost:0", "--metrics-port-file", mf,
-                         "--log-level", "debug"], stderr=log)
+                         "--log-level", "debug"], stderr=log, env=env)
 passes, failures = [], []
 
 
@@ -83,20 +87,53 @@ try:
     red = stub.Reduce(pb.ReduceRequest(session_id="obs", max_entries=5))
     check(red.summary.covers_to_seq > 0, "a Reduce compacts")
 
+    # A compaction through the provider: a provider call, then a failed
+    # compaction, counted after the successful one above.
+    stub.CreateSession(pb.CreateSessionRequest(session_id="obs-llm", config=pb.SessionConfig(
+        pipeline=pb.Pipeline(plugins=[pb.PluginConfig(name="compaction", options={
+            "summarizer": "anthropic", "keep_recent": "1"})]))))
+    for i in range(3):
+        stub.Append(pb.AppendRequest(session_id="obs-llm", messages=[
+            pb.Message(role=pb.ROLE_USER,
+                       content=[pb.ContentBlock(text=pb.TextBlock(text="turn %d" % i))])]))
+    try:
+        stub.Reduce(pb.ReduceRequest(session_id="obs-llm"), timeout=30)
+        check(False, "a Reduce through an unreachable provider fails")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.UNAVAILABLE,
+              "a Reduce through an unreachable provider fails")
+
     url = "http://localhost:%s/metrics" % mport
     body = urllib.request.urlopen(url, timeout=5).read().decode()
-    check('histd_rpc_requests_total{method="Append",code="OK"} 15' in body,
+    check('histd_rpc_requests_total{method="Append",code="OK"} 18' in body,
           "metrics count Append OK")
     check('histd_rpc_requests_total{method="Append",code="INVALID_ARGUMENT"} 1' in body,
           "metrics count Append INVALID_ARGUMENT")
     check('histd_rpc_requests_total{method="GetSession",code="NOT_FOUND"} 1' in body,
           "metrics count GetSession NOT_FOUND")
-    check('histd_rpc_duration_seconds_bucket{method="Append",le="+Inf"} 16' in body,
+    check('histd_rpc_duration_seconds_bucket{method="Append",le="+Inf"} 19' in body,
           "latency histogram per method")
-    check('histd_driver_duration_seconds_count{op="append"} 15' in body,
+    check('histd_driver_duration_seconds_count{op="append"} 18' in body,
           "driver latency histogram")
     check("histd_subscribers 0" in body and "histd_serving 1" in body, "gauges")
     check('histd_compactions_total{result="ok"} 1' in body, "compactions are counted")
+    check('histd_compactions_total{result="failed"} 1' in body and
+          'histd_provider_calls_total{provider="anthropic_messages",kind="summarize",'
+          'result="UNAVAILABLE"} 1' in body, "provider calls and failed compactions are counted")
+    # The text format: one HELP and TYPE per family, its samples in one
+    # group right after them (Prometheus refuses a family seen twice).
+    seen, current, grouped = set(), None, True
+    for line in body.splitlines():
+        if line.startswith("# TYPE "):
+            current = line.split()[2]
+            grouped = grouped and current not in seen
+            seen.add(current)
+        elif line and not line.startswith("#"):
+            name = line.split("{")[0].split(" ")[0]
+            grouped = grouped and current is not None and (
+                name == current or (name.startswith(current + "_") and
+                                    name[len(current) + 1:] in ("bucket", "sum", "count")))
+    check(grouped, "each metric family is one group under one TYPE line")
     check(SECRET not in body, "metrics have no conversation text")
     try:
         urllib.request.urlopen("http://localhost:%s/other" % mport, timeout=5)
