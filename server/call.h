@@ -79,6 +79,12 @@ struct histd_server {
 	int health_stop;
 	/* Of those, calls a client made that are not finished yet. */
 	long active;
+	/* Reflection streams, from their start until their context is
+	 * freed: idle ones wait for the client's next request, so shutdown
+	 * ends them rather than wait out the grace. */
+	pthread_mutex_t refl_mu;
+	struct histd_call *reflectors;   /* linked by refl_next */
+	int refl_closing;
 };
 
 struct histd_call {
@@ -130,6 +136,10 @@ struct histd_call {
 	int watch_sent;        /* the status last sent (-1: none yet) */
 	int watch_listed;
 	int watch_known;       /* the service asked about exists */
+
+	/* Reflection, under srv->refl_mu. */
+	struct histd_call *refl_next, *refl_prev;
+	int refl_listed;
 };
 
 void histd_call_ref(struct histd_call *c);

@@ -62,6 +62,7 @@ struct tenant_calls {
 
 static void post_registered(struct histd_server *s, int r);
 static void post_unknown(struct histd_server *s);
+static void reflection_unlist(struct histd_call *c);
 
 /* ---------------------------------------------------------------------- */
 /* Call contexts                                                           */
@@ -107,6 +108,8 @@ histd_call_unref(struct histd_call *c)
 
 	if (atomic_fetch_sub(&c->refs, 1) != 1)
 		return;
+	if (c->refl_listed)
+		reflection_unlist(c);
 	active = c->active;
 	if (active && c->route != ROUTE_UNKNOWN)
 		histd_metrics_rpc(routes[c->method].metric, c->st_code,
@@ -557,8 +560,12 @@ on_reflection_recv(struct histd_call *c, int ok)
 	size_t len = 0;
 
 	if (!ok || !c->recv_buf) {
-		/* The client closed its side (or the call is gone). */
-		bidi_finish(c, GRPC_STATUS_OK, NULL);
+		/* The client closed its side (ok), or the call is gone:
+		 * cancelled by the client or by the shutdown. */
+		bidi_finish(c, ok ? GRPC_STATUS_OK :
+			    atomic_load(&c->srv->shutting_down) ?
+			    GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_CANCELLED,
+			    NULL);
 		histd_call_unref(c);
 		return;
 	}
@@ -580,6 +587,57 @@ on_reflection_recv(struct histd_call *c, int ok)
 		bidi_next(c, resp, len, 0);
 	grpc_slice_unref(req);
 	histd_call_unref(c);
+}
+
+/* Lists a new reflection stream; one that starts as shutdown ends them
+ * is ended at once. */
+static void
+reflection_list(struct histd_call *c)
+{
+	struct histd_server *s = c->srv;
+
+	pthread_mutex_lock(&s->refl_mu);
+	c->refl_next = s->reflectors;
+	c->refl_prev = NULL;
+	if (s->reflectors)
+		s->reflectors->refl_prev = c;
+	s->reflectors = c;
+	c->refl_listed = 1;
+	if (s->refl_closing)
+		grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE,
+					     "server is shutting down", NULL);
+	pthread_mutex_unlock(&s->refl_mu);
+}
+
+/* As the context is freed, before its grpc_call goes. */
+static void
+reflection_unlist(struct histd_call *c)
+{
+	struct histd_server *s = c->srv;
+
+	pthread_mutex_lock(&s->refl_mu);
+	if (c->refl_prev)
+		c->refl_prev->refl_next = c->refl_next;
+	else
+		s->reflectors = c->refl_next;
+	if (c->refl_next)
+		c->refl_next->refl_prev = c->refl_prev;
+	c->refl_listed = 0;
+	pthread_mutex_unlock(&s->refl_mu);
+}
+
+/* Shutdown: a reflection stream only waits for its client's next request
+ * (grpcui, Postman and REPLs keep one open), so it would hold the exit
+ * for the whole grace; it ends with UNAVAILABLE, as Subscribe does. */
+static void
+reflection_end_all(struct histd_server *s)
+{
+	pthread_mutex_lock(&s->refl_mu);
+	s->refl_closing = 1;
+	for (struct histd_call *c = s->reflectors; c; c = c->refl_next)
+		grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE,
+					     "server is shutting down", NULL);
+	pthread_mutex_unlock(&s->refl_mu);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -621,6 +679,7 @@ on_new_call(struct histd_call *c, int ok)
 		histd_health_watch_begin(c);
 		break;
 	case ROUTE_REFLECTION:
+		reflection_list(c);
 		bidi_next(c, NULL, 0, 1);
 		break;
 	case ROUTE_UNKNOWN:
@@ -824,6 +883,7 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 	atomic_init(&s->shutting_down, 0);
 	pthread_mutex_init(&s->live_mu, NULL);
 	pthread_cond_init(&s->live_cv, NULL);
+	pthread_mutex_init(&s->refl_mu, NULL);
 
 	args[0].type = GRPC_ARG_INTEGER;
 	args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -909,6 +969,7 @@ histd_server_shutdown(histd_server *s)
 	grpc_server_shutdown_and_notify(s->server, scq, &tag);
 	/* Our own long-lived streams would hold the shutdown forever. */
 	histd_hub_shutdown(s->hub);
+	reflection_end_all(s);
 	/* Calls in flight finish (up to the grace). Then whatever is left,
 	 * such as idle client connections that would only notice GOAWAY at
 	 * their next poll, is cancelled rather than waited for. */
@@ -988,5 +1049,6 @@ histd_server_free(histd_server *s)
 	pthread_cond_destroy(&s->health_cv);
 	pthread_mutex_destroy(&s->live_mu);
 	pthread_cond_destroy(&s->live_cv);
+	pthread_mutex_destroy(&s->refl_mu);
 	free(s);
 }

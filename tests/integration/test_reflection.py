@@ -8,6 +8,7 @@ grpc.reflection.v1 and v1alpha. Also health Watch.
 """
 import argparse
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -48,8 +49,9 @@ from xgrpc.reflection.v1alpha import reflection_pb2 as ra  # noqa: E402
 from xgrpc.reflection.v1alpha import reflection_pb2_grpc as rag  # noqa: E402
 
 port_file = os.path.join(tmp, "port")
+# A grace far longer than the test waits: nothing may hold the exit.
 proc = subprocess.Popen([ARGS.histd, "--auth-disabled", "--driver", "memory", "--listen", "127.0.0.1:0", "--port-file",
-                         port_file, "--log-level", "warn"])
+                         port_file, "--log-level", "warn", "--shutdown-grace", "60"])
 failures = []
 passes = []
 
@@ -125,6 +127,18 @@ try:
     unknown = next(h.Watch(health_pb2.HealthCheckRequest(service="nope"), timeout=5))
     check(unknown.status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN,
           "health Watch of an unknown service says SERVICE_UNKNOWN")
+    # A reflection stream left open, as grpcui or a REPL keeps one,
+    # waiting for its next request.
+    idle_q = queue.Queue()
+
+    def idle_requests():
+        yield r1.ServerReflectionRequest(list_services="")
+        idle_q.get()
+
+    idle = r1g.ServerReflectionStub(chan).ServerReflectionInfo(idle_requests())
+    check(len(next(idle).list_services_response.service) == 4,
+          "an open reflection stream answers")
+    t0 = time.time()
     proc.terminate()
     second = next(watch)
     check(second.status == health_pb2.HealthCheckResponse.NOT_SERVING,
@@ -135,7 +149,18 @@ try:
     except grpc.RpcError as e:
         check(e.code() == grpc.StatusCode.UNAVAILABLE,
               "Watch ends with UNAVAILABLE on shutdown")
-    check(proc.wait(timeout=20) == 0, "histd exits 0")
+    try:
+        next(idle)
+        check(False, "an idle reflection stream ends on shutdown")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.UNAVAILABLE and
+              "shutting down" in e.details(),
+              "an idle reflection stream ends with UNAVAILABLE on shutdown")
+    idle_q.put(None)
+    check(proc.wait(timeout=50) == 0, "histd exits 0")
+    check(time.time() - t0 < 10,
+          "an idle reflection stream does not hold the exit for the grace "
+          "(%.1f s)" % (time.time() - t0))
 finally:
     if proc.poll() is None:
         proc.kill()
