@@ -88,7 +88,8 @@ static const char USAGE[] =
 "Options (anywhere on the line):\n"
 "  --target ADDR   server address (HISTD_TARGET; default " DEFAULT_TARGET ")\n"
 "  --token KEY     API key, sent as 'authorization: Bearer KEY' (HISTD_TOKEN)\n"
-"  --timeout SEC   deadline of each call (default 30; not for tail -f)\n"
+"  --timeout SEC   deadline of each call, at most 86400 (default 30; 0: none;\n"
+"                  not for tail -f)\n"
 "  --json          print the response as JSON (proto field names)\n"
 "\n"
 "Exit codes:\n"
@@ -357,8 +358,12 @@ static int parse_args(int argc, char **argv, args *a)
 		case O_TOKEN: a->token = optarg; break;
 		case O_TIMEOUT: {
 			uint32_t t;
-			if (parse_u32(optarg, "--timeout", &t) < 0 || t > 86400)
+			if (parse_u32(optarg, "--timeout", &t) < 0)
 				return -1;
+			if (t > 86400) {
+				usage_error("--timeout is at most 86400 seconds");
+				return -1;
+			}
 			a->timeout_s = (int)t;
 			break;
 		}

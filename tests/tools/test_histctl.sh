@@ -139,6 +139,8 @@ expect_exit "an unknown option is a usage error" 2 list --frobnicate
 expect_exit "a missing session id is a usage error" 2 get
 expect_exit "help exits 0" 0 help
 check "help text names every command" grep -q "tail ID" "$dir/out"
+expect_exit "a --timeout above a day is a usage error" 2 --timeout 100000 health
+check "a --timeout above a day is named in the error" grep -q -- "--timeout" "$dir/err"
 expect_exit "health of a serving server is 0" 0 health
 "$histctl" --target 127.0.0.1:1 --timeout 2 list >"$dir/listout" 2>"$dir/err"
 rc=$?
