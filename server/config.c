@@ -636,8 +636,13 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 			printf("histd 0.1.0\n");
 			return 1;
 		}
-		if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
-			file = argv[i + 1];
+		if (strcmp(argv[i], "--config") == 0 && i + 1 == argc) {
+			/* Not the file of the environment, nor none. */
+			fprintf(stderr, "histd: --config needs a value\n");
+			return -1;
+		}
+		if (strcmp(argv[i], "--config") == 0)
+			file = argv[++i];
 		else if (strncmp(argv[i], "--config=", 9) == 0)
 			file = argv[i] + 9;
 	}

@@ -99,6 +99,7 @@ bad_input_is_refused(void **state)
 	char *suffix[] = { "histd", "--max-message-bytes", "4X" };
 	char *zero_queue[] = { "histd", "--subscriber-queue", "0" };
 	char *nofile[] = { "histd", "--config", "/nonexistent/histd.yaml" };
+	char *config_last[] = { "histd", "--auth-disabled", "--config" };
 	char *no_auth[] = { "histd", "--listen", "127.0.0.1:0" };
 	char *both[] = { "histd", "--auth-disabled", "--api-keys-file", "/k" };
 	char *bad_bool[] = { "histd", "--auth-disabled=maybe" };
@@ -129,6 +130,9 @@ bad_input_is_refused(void **state)
 	assert_int_equal(load(&cfg, 3, zero_queue), -1);
 	histd_config_free(&cfg);
 	assert_int_equal(load(&cfg, 3, nofile), -1);
+	histd_config_free(&cfg);
+	/* A --config without its file is not quietly no file. */
+	assert_int_equal(load(&cfg, 3, config_last), -1);
 	histd_config_free(&cfg);
 	/* Authentication is off only when asked for. */
 	assert_int_equal(load(&cfg, 3, no_auth), -1);
