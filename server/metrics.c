@@ -5,11 +5,14 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "histd_error.h"
+#include "log.h"
 
 /* Bucket bounds in microseconds: 100 us .. 10 s. */
 static const int64_t bounds_us[] = {
@@ -298,6 +301,21 @@ answer(void *cls, struct MHD_Connection *conn, const char *url,
 	return ret;
 }
 
+/* libmicrohttpd's own messages, as JSON lines like every other. */
+static void
+log_mhd(void *cls, const char *fmt, va_list ap)
+{
+	char msg[512];
+	size_t n;
+
+	(void)cls;
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	n = strlen(msg);
+	while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' '))
+		msg[--n] = '\0';
+	histd_log(HISTD_LOG_WARN, "metrics endpoint", "message", msg, NULL);
+}
+
 int
 histd_metrics_start(const char *listen, int *bound_port)
 {
@@ -337,6 +355,7 @@ histd_metrics_start(const char *listen, int *bound_port)
 				   MHD_USE_ERROR_LOG |
 				   (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0),
 				   0, NULL, NULL, answer, NULL,
+				   MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
 				   MHD_OPTION_SOCK_ADDR, ai->ai_addr,
 				   MHD_OPTION_CONNECTION_LIMIT, 64,
 				   MHD_OPTION_CONNECTION_TIMEOUT, 10,

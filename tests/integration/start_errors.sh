@@ -46,7 +46,8 @@ expect 1 "cannot write metrics port file" --metrics-listen 127.0.0.1:0 \
 # A second histd on the port of a running one must not start and take a
 # share of its connections.
 timeout 60 "$histd" --auth-disabled --driver memory --listen 127.0.0.1:0 \
-	--port-file "$dir/port" 2>"$dir/first.log" &
+	--port-file "$dir/port" --metrics-listen 127.0.0.1:0 \
+	--metrics-port-file "$dir/mport" 2>"$dir/first.log" &
 first=$!
 for _ in $(seq 100); do
 	[ -s "$dir/port" ] && break
@@ -55,6 +56,13 @@ done
 if [ -s "$dir/port" ]; then
 	expect 1 "cannot listen on 127.0.0.1:$(cat "$dir/port")" \
 		--listen "127.0.0.1:$(cat "$dir/port")"
+	# A metrics port in use: libmicrohttpd's complaint is a JSON line too.
+	expect 1 "cannot serve metrics on 127.0.0.1:$(cat "$dir/mport")" \
+		--metrics-listen "127.0.0.1:$(cat "$dir/mport")"
+	if grep -v '^{.*}$' "$dir/out"; then
+		echo "histd wrote lines that are not JSON (above)"
+		fail=1
+	fi
 else
 	echo "the first histd did not start"
 	cat "$dir/first.log"
