@@ -589,6 +589,47 @@ load_yaml(histd_config *cfg, const char *path)
 	return rc;
 }
 
+/* Not options, but read by other programs of histd (histctl). */
+static const char *const other_env[] = {
+	"HISTD_CONFIG", "HISTD_TARGET", "HISTD_TOKEN", NULL
+};
+
+/* The HISTD_* variables of the environment that name no option. */
+static char *
+find_unknown_env(void)
+{
+	extern char **environ;
+	char *list = NULL, env[64];
+	size_t len = 0;
+
+	for (char **e = environ; e && *e; e++) {
+		size_t n = strcspn(*e, "=");
+		int known = 0;
+		char *more;
+
+		if (strncmp(*e, "HISTD_", 6) != 0)
+			continue;
+		for (size_t i = 0; i < N_OPTS && !known; i++) {
+			env_name(&opts[i], env, sizeof(env));
+			known = strlen(env) == n && !strncmp(*e, env, n);
+		}
+		for (size_t i = 0; other_env[i] && !known; i++)
+			known = strlen(other_env[i]) == n &&
+				!strncmp(*e, other_env[i], n);
+		if (known)
+			continue;
+		if (!(more = realloc(list, len + n + 2)))
+			break;
+		list = more;
+		if (len)
+			list[len++] = ',';
+		memcpy(list + len, *e, n);
+		len += n;
+		list[len] = '\0';
+	}
+	return list ? list : strdup("");
+}
+
 void
 histd_config_usage(FILE *out)
 {
@@ -660,6 +701,7 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 		if (v && set_opt(cfg, &opts[i], v, env) != 0)
 			return -1;
 	}
+	cfg->unknown_env = find_unknown_env();
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *name, *eq, *val;
@@ -784,4 +826,6 @@ histd_config_free(histd_config *cfg)
 		}
 	free(cfg->config_file);
 	cfg->config_file = NULL;
+	free(cfg->unknown_env);
+	cfg->unknown_env = NULL;
 }

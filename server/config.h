@@ -32,6 +32,9 @@ typedef struct histd_provider_config {
 
 typedef struct histd_config {
 	char *config_file;
+	/* HISTD_* environment variables that name no option, comma-separated
+	 * ("" none): a typo would otherwise go unseen; main logs them. */
+	char *unknown_env;
 	char *listen;            /* host:port */
 	char *port_file;         /* written with the bound port once serving */
 	char *driver;            /* memory | file | postgres */

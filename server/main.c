@@ -312,6 +312,11 @@ main(int argc, char **argv)
 		return 2;
 	}
 
+	if (cfg.unknown_env && *cfg.unknown_env)
+		histd_log(HISTD_LOG_WARN, "environment variables that name no "
+			  "option are ignored (see histd --help)", "names",
+			  cfg.unknown_env, NULL);
+
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGTERM);
 	sigaddset(&sigs, SIGINT);

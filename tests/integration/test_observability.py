@@ -36,7 +36,8 @@ log_path = os.path.join(tmp, "histd.log")
 pf, mf = os.path.join(tmp, "port"), os.path.join(tmp, "mport")
 log = open(log_path, "w")
 # A provider summarizer that cannot be reached: its calls fail at once.
-env = dict(os.environ, HISTD_TEST_OBS_KEY="k-test")
+# HISTD_MAX_MESAGE_BYTES: a misspelt option, which must not go unseen.
+env = dict(os.environ, HISTD_TEST_OBS_KEY="k-test", HISTD_MAX_MESAGE_BYTES="16M")
 proc = subprocess.Popen([ARGS.histd, "--auth-disabled", "--driver", "memory", "--listen", "127.0.0.1:0", "--port-file", pf,
                          "--anthropic-model", "m", "--anthropic-api-key-env", "HISTD_TEST_OBS_KEY",
                          "--anthropic-base-url", "http://127.0.0.1:1", "--summarizer-max-retries", "0",
@@ -155,6 +156,8 @@ for l in lines:
         check(False, "every log line is JSON: " + l[:80])
 check(len(parsed) > 0 and all("ts" in p and "level" in p and "msg" in p for p in parsed),
       "log lines carry ts, level, msg")
+check(any(p.get("level") == "warn" and "HISTD_MAX_MESAGE_BYTES" in p.get("names", "")
+          for p in parsed), "a HISTD_ variable that names no option is logged")
 rpc_lines = [p for p in parsed if p.get("msg") == "rpc"]
 check(any(p.get("request_id") == "req-abc-123" and p.get("method") == "Append"
           for p in rpc_lines), "the client's x-request-id is logged")

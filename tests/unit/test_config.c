@@ -167,6 +167,30 @@ metrics_listen_needs_a_port(void **state)
 			 sizeof(good) / sizeof(*good), 0);
 }
 
+/* A misspelt variable sets nothing: it is listed for main to log, by name
+ * only; histctl's variables are not. */
+static void
+unknown_environment_variable_is_listed(void **state)
+{
+	histd_config cfg;
+	char *argv[] = { "histd", "--auth-disabled" };
+
+	(void)state;
+	setenv("HISTD_MAX_MESAGE_BYTES", "16M", 1);
+	setenv("HISTD_TARGET", "127.0.0.1:1", 1);
+	assert_int_equal(load(&cfg, 2, argv), 0);
+	unsetenv("HISTD_MAX_MESAGE_BYTES");
+	unsetenv("HISTD_TARGET");
+	assert_non_null(strstr(cfg.unknown_env, "HISTD_MAX_MESAGE_BYTES"));
+	assert_null(strstr(cfg.unknown_env, "16M"));
+	assert_null(strstr(cfg.unknown_env, "HISTD_TARGET"));
+	assert_int_equal(cfg.max_receive_bytes, 4u * 1024 * 1024);
+	histd_config_free(&cfg);
+	assert_int_equal(load(&cfg, 2, argv), 0);
+	assert_null(strstr(cfg.unknown_env, "HISTD_MAX_MESAGE_BYTES"));
+	histd_config_free(&cfg);
+}
+
 /* Options where 0 would not mean "none" but break the server quietly. */
 static void
 zero_is_refused_where_one_is_the_least(void **state)
@@ -314,6 +338,7 @@ main(void)
 		cmocka_unit_test(flag_beats_environment_beats_file),
 		cmocka_unit_test(bad_input_is_refused),
 		cmocka_unit_test(metrics_listen_needs_a_port),
+		cmocka_unit_test(unknown_environment_variable_is_listed),
 		cmocka_unit_test(zero_is_refused_where_one_is_the_least),
 		cmocka_unit_test(unknown_yaml_key_is_refused),
 		cmocka_unit_test(repeated_yaml_key_or_document_is_refused),
