@@ -310,6 +310,11 @@ int histd_client_open_ex(const char *target, const histd_client_options *opt,
 		return histd_error_set(HISTD_EINVALID,
 				       "client options version %u is unknown",
 				       opt->version);
+	/* Fields of version 2 on. */
+	int tls = opt && opt->version >= 2 && opt->tls;
+	if (tls && !opt->tls_cert_pem != !opt->tls_key_pem)
+		return histd_error_set(HISTD_EINVALID, "a client certificate "
+				       "and its key go together");
 	histd_client *c = calloc(1, sizeof(*c));
 	if (!c)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
@@ -343,7 +348,19 @@ int histd_client_open_ex(const char *target, const histd_client_options *opt,
 	grpc_channel_args chargs = { .num_args = n_args, .args = args };
 
 	grpc_init();
-	grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+	grpc_channel_credentials *creds;
+	if (tls) {
+		/* gRPC copies the PEM strings. */
+		grpc_ssl_pem_key_cert_pair pair = {
+			.private_key = opt->tls_key_pem,
+			.cert_chain = opt->tls_cert_pem,
+		};
+		creds = grpc_ssl_credentials_create(
+			opt->tls_root_pem, opt->tls_cert_pem ? &pair : NULL,
+			NULL, NULL);
+	} else {
+		creds = grpc_insecure_credentials_create();
+	}
 	c->channel = grpc_channel_create(target, creds,
 					 n_args ? &chargs : NULL);
 	grpc_channel_credentials_release(creds);

@@ -91,7 +91,7 @@ int histd_status_to_error(grpc_status_code code);
 
 typedef struct histd_client histd_client;
 
-#define HISTD_CLIENT_OPTIONS_VERSION 1
+#define HISTD_CLIENT_OPTIONS_VERSION 2
 
 /* Options of histd_client_open_ex. Start from HISTD_CLIENT_OPTIONS_INIT;
  * fields are only ever appended (and version bumped). */
@@ -107,17 +107,28 @@ typedef struct histd_client_options {
 	 * NULL-terminated key, value, key, value, ... (e.g. "authorization",
 	 * "Bearer ..."). Copied by open; may be NULL. */
 	const char *const *metadata_kv;
+	/* Version 2. TLS: nonzero to connect over TLS, trusting
+	 * tls_root_pem (PEM CA certificates; NULL: gRPC's default roots).
+	 * tls_cert_pem and tls_key_pem (PEM, both or neither): a client
+	 * certificate for mutual TLS. Copied by open; may be NULL. */
+	int tls;
+	const char *tls_root_pem;
+	const char *tls_cert_pem;
+	const char *tls_key_pem;
 } histd_client_options;
 
-#define HISTD_CLIENT_OPTIONS_INIT { HISTD_CLIENT_OPTIONS_VERSION, 0, 0, NULL }
+#define HISTD_CLIENT_OPTIONS_INIT \
+	{ HISTD_CLIENT_OPTIONS_VERSION, 0, 0, NULL, 0, NULL, NULL, NULL }
 
 /*
- * Opens an insecure (plaintext) channel to target ("127.0.0.1:50051",
- * "localhost:50051", "unix:/path"). The channel connects lazily: open does
- * not fail when nobody listens; the first call then ends UNAVAILABLE.
+ * Opens a channel to target ("127.0.0.1:50051",
+ * "localhost:50051", "unix:/path"), plaintext unless opt asks for TLS.
+ * The channel connects lazily: open does not fail when nobody listens (or
+ * the certificates do not fit); the first call then ends UNAVAILABLE.
  * Returns 0 with *out set (free it with histd_client_close), HISTD_EINVALID
- * for a NULL target or an options version this library does not know,
- * HISTD_ENOMEM. On failure *out is NULL.
+ * for a NULL target, an options version this library does not know or a
+ * client certificate without its key (or the reverse), HISTD_ENOMEM. On
+ * failure *out is NULL.
  */
 int histd_client_open(const char *target, histd_client **out);
 int histd_client_open_ex(const char *target, const histd_client_options *opt,

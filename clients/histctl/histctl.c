@@ -46,6 +46,7 @@ enum {
 
 static const char USAGE[] =
 "usage: histctl [--target ADDR] [--token KEY] [--timeout SEC] [--json]\n"
+"               [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]\n"
 "               COMMAND [ARGS]\n"
 "\n"
 "A command line client of histd, the conversation history service.\n"
@@ -91,6 +92,10 @@ static const char USAGE[] =
 "  --timeout SEC   deadline of each call, at most 86400 (default 30; 0: none;\n"
 "                  not for tail -f)\n"
 "  --json          print the response as JSON (proto field names)\n"
+"  --tls           connect over TLS, trusting the system's CA certificates\n"
+"  --tls-ca FILE   connect over TLS, trusting the PEM CA certificates in FILE\n"
+"  --tls-cert FILE, --tls-key FILE\n"
+"                  PEM client certificate and key (histd --tls-client-ca)\n"
 "\n"
 "Exit codes:\n"
 "  0 ok                 6 invalid argument or input\n"
@@ -304,7 +309,8 @@ static char *read_all(const char *path, size_t *len)
 enum { O_TARGET = 1000, O_TOKEN, O_TIMEOUT, O_JSON, O_HELP, O_KEY, O_LABEL,
        O_CONFIG, O_ID, O_LIMIT, O_REVISION, O_ROLE, O_AUTHOR, O_JSONIN,
        O_FILE, O_IDEM, O_VIEW, O_LAST, O_AFTER, O_WIDE, O_FORMAT,
-       O_MAXTOK, O_MAXENT, O_OLDER, O_META };
+       O_MAXTOK, O_MAXENT, O_OLDER, O_META, O_TLS, O_TLS_CA, O_TLS_CERT,
+       O_TLS_KEY };
 
 static const struct option OPTIONS[] = {
 	{ "target", required_argument, NULL, O_TARGET },
@@ -332,13 +338,18 @@ static const struct option OPTIONS[] = {
 	{ "max-entries", required_argument, NULL, O_MAXENT },
 	{ "older-than", required_argument, NULL, O_OLDER },
 	{ "meta", required_argument, NULL, O_META },
+	{ "tls", no_argument, NULL, O_TLS },
+	{ "tls-ca", required_argument, NULL, O_TLS_CA },
+	{ "tls-cert", required_argument, NULL, O_TLS_CERT },
+	{ "tls-key", required_argument, NULL, O_TLS_KEY },
 	{ NULL, 0, NULL, 0 },
 };
 
 /* Everything any command may be given, parsed once. */
 typedef struct args {
 	const char *target, *token;
-	int timeout_s, json, help, wide, json_input, follow;
+	const char *tls_ca, *tls_cert, *tls_key;
+	int timeout_s, json, help, wide, json_input, follow, tls;
 	json_t *keys, *labels, *meta;
 	const char *config, *id, *role, *author, *file, *idem, *view, *format;
 	uint64_t revision, after, max_tokens, older;
@@ -391,6 +402,10 @@ static int parse_args(int argc, char **argv, args *a)
 			break;
 		case O_AFTER: if (parse_u64(optarg, "--after", &a->after) < 0) return -1; break;
 		case O_WIDE: a->wide = 1; break;
+		case O_TLS: a->tls = 1; break;
+		case O_TLS_CA: a->tls_ca = optarg; a->tls = 1; break;
+		case O_TLS_CERT: a->tls_cert = optarg; a->tls = 1; break;
+		case O_TLS_KEY: a->tls_key = optarg; a->tls = 1; break;
 		case O_FORMAT: a->format = optarg; break;
 		case O_MAXTOK: if (parse_u64(optarg, "--max-tokens", &a->max_tokens) < 0) return -1; break;
 		case O_MAXENT: if (parse_u32(optarg, "--max-entries", &a->max_entries) < 0) return -1; break;
@@ -1293,6 +1308,19 @@ static int cmd_health(ctl *c, args *a)
 /* ------------------------------------------------------------------------
  * main */
 
+/* The PEM files of --tls-ca, --tls-cert, --tls-key into pem[0..2] (NULL
+ * where not given); an exit code after saying which file failed. */
+static int read_tls_files(const args *a, char *pem[3])
+{
+	const char *files[3] = { a->tls_ca, a->tls_cert, a->tls_key };
+	size_t len;
+
+	for (int i = 0; i < 3; i++)
+		if (files[i] && !(pem[i] = read_all(files[i], &len)))
+			return EXIT_ERROR;
+	return EXIT_OKAY;
+}
+
 static const struct command {
 	const char *name;
 	int (*fn)(ctl *c, args *a);
@@ -1317,7 +1345,7 @@ int main(int argc, char **argv)
 	ctl c = { 0 };
 	const struct command *cmd = NULL;
 	histd_client_options opt = HISTD_CLIENT_OPTIONS_INIT;
-	char *bearer = NULL;
+	char *bearer = NULL, *pem[3] = { NULL, NULL, NULL };
 	const char *md[3] = { NULL, NULL, NULL };
 	int rc;
 
@@ -1356,6 +1384,16 @@ int main(int argc, char **argv)
 		md[1] = bearer;
 		opt.metadata_kv = md;
 	}
+	if (!a.tls_cert != !a.tls_key) {
+		rc = usage_error("--tls-cert and --tls-key go together");
+		goto out;
+	}
+	if (a.tls && (rc = read_tls_files(&a, pem)) != EXIT_OKAY)
+		goto out;
+	opt.tls = a.tls;
+	opt.tls_root_pem = pem[0];
+	opt.tls_cert_pem = pem[1];
+	opt.tls_key_pem = pem[2];
 	/* Responses are bounded by the server's own page limits. */
 	opt.max_receive_message_bytes = -1;
 	if (histd_client_open_ex(a.target, &opt, &c.client) < 0) {
@@ -1371,6 +1409,8 @@ int main(int argc, char **argv)
 	histd_client_close(c.client);
 out:
 	free(bearer);
+	for (int i = 0; i < 3; i++)
+		free(pem[i]);
 	json_decref(a.keys);
 	json_decref(a.labels);
 	json_decref(a.meta);

@@ -39,14 +39,19 @@ wait_for() { # wait_for FILE PATTERN: up to 10 s
 	done
 }
 
-"$histd" --auth-disabled --driver memory --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn &
-pid=$!
-i=0
-while [ ! -s "$dir/port" ]; do
-	i=$((i + 1)); [ $i -gt 200 ] && { echo "histd did not start"; exit 1; }
-	sleep 0.05
-done
-target="127.0.0.1:$(cat "$dir/port")"
+start_histd() { # start_histd ARGS...: histd on a free port; sets pid, target
+	rm -f "$dir/port"
+	"$histd" --driver memory --listen 127.0.0.1:0 --port-file "$dir/port" "$@" &
+	pid=$!
+	i=0
+	while [ ! -s "$dir/port" ]; do
+		i=$((i + 1)); [ $i -gt 200 ] && { echo "histd did not start"; exit 1; }
+		sleep 0.05
+	done
+	target="127.0.0.1:$(cat "$dir/port")"
+}
+
+start_histd --auth-disabled --log-level warn
 
 # Sessions.
 sid=$(ctl create --label app=test --key user=u1)
@@ -169,16 +174,7 @@ check "histd exits 0 on SIGTERM" [ "$rc" -eq 0 ]
 # Bearer token: only where this histd has API keys.
 if "$histd" --help 2>&1 | grep -q -- "--api-keys-file"; then
 	printf 'key-rw-0123456789abcdef tenant-a\nkey-ro-0123456789abcdef tenant-a read-only\n' >"$dir/keys"
-	rm -f "$dir/port"
-	"$histd" --driver memory --listen 127.0.0.1:0 --port-file "$dir/port" --log-level warn \
-		--api-keys-file "$dir/keys" &
-	pid=$!
-	i=0
-	while [ ! -s "$dir/port" ]; do
-		i=$((i + 1)); [ $i -gt 200 ] && { echo "histd did not start"; exit 1; }
-		sleep 0.05
-	done
-	target="127.0.0.1:$(cat "$dir/port")"
+	start_histd --log-level warn --api-keys-file "$dir/keys"
 	expect_exit "no token is UNAUTHENTICATED (exit 8)" 8 list
 	expect_exit "a wrong token is UNAUTHENTICATED (exit 8)" 8 --token nope list
 	expect_exit "--token is sent as a bearer token" 0 --token key-rw-0123456789abcdef create
@@ -189,6 +185,35 @@ if "$histd" --help 2>&1 | grep -q -- "--api-keys-file"; then
 else
 	echo "# skipped: this histd has no --api-keys-file"
 fi
+
+# TLS and mutual TLS: a histd serving TLS is reachable (certificates made
+# here by openssl, the server's for 127.0.0.1).
+sh_ssl() { openssl "$@" >/dev/null 2>&1; }
+sh_ssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ca \
+	-keyout "$dir/ca.key" -out "$dir/ca.crt"
+for who in server client; do
+	if [ $who = server ]; then echo "subjectAltName=IP:127.0.0.1" >"$dir/$who.ext"
+	else echo "extendedKeyUsage=clientAuth" >"$dir/$who.ext"; fi
+	sh_ssl req -newkey rsa:2048 -nodes -subj "/CN=$who" \
+		-keyout "$dir/$who.key" -out "$dir/$who.csr"
+	sh_ssl x509 -req -in "$dir/$who.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
+		-CAcreateserial -days 2 -extfile "$dir/$who.ext" -out "$dir/$who.crt"
+done
+start_histd --auth-disabled --log-level error --tls-cert "$dir/server.crt" \
+	--tls-key "$dir/server.key" --tls-client-ca "$dir/ca.crt"
+tls="--tls-ca $dir/ca.crt --tls-cert $dir/client.crt --tls-key $dir/client.key"
+expect_exit "mutual TLS: --tls-ca, --tls-cert and --tls-key reach a TLS histd" 0 \
+	$tls --timeout 10 health
+expect_exit "mutual TLS: a call works" 0 $tls --timeout 10 create --id over-tls
+expect_exit "TLS: a plaintext histctl is refused (UNAVAILABLE)" 7 --timeout 5 health
+expect_exit "TLS: no client certificate is refused" 7 --timeout 5 \
+	--tls-ca "$dir/ca.crt" health
+expect_exit "--tls-cert without --tls-key is a usage error" 2 \
+	--tls-ca "$dir/ca.crt" --tls-cert "$dir/client.crt" health
+expect_exit "a --tls-ca file that cannot be read is an error" 1 \
+	--tls-ca "$dir/missing.crt" health
+check "a --tls-ca file that cannot be read is named" grep -q missing.crt "$dir/err"
+kill -TERM "$pid"; wait "$pid"; pid=
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
