@@ -4,7 +4,7 @@
  * Families: histd_rpc_requests_total{method,code},
  * histd_rpc_duration_seconds{method} (histogram),
  * histd_driver_duration_seconds{op} (histogram),
- * histd_driver_errors_total{op,code}, gauges from collectors (subscribers,
+ * histd_driver_errors_total{op,error}, gauges from collectors (subscribers,
  * active calls, ...), and named counters any room may add
  * (histd_metrics_counter_add: compaction runs, provider calls, ...).
  *
