@@ -392,8 +392,11 @@ main(int argc, char **argv)
 		cfg.service.context = ctx;
 		rc = histd_service_new(&svc, drv, &cfg.service);
 	}
-	if (rc == 0)
+	if (rc == 0) {
+		/* A keys or TLS file refused: a bad option, like the rest. */
 		rc = histd_server_start(&srv, &cfg, svc, hub, &port);
+		bad_option = rc == HISTD_EINVALID;
+	}
 	if (rc == 0 && sums.http)
 		histd_server_on_grace_over(srv, stop_http, sums.http);
 	if (rc != 0) {

@@ -929,7 +929,7 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 		histd_reflection_free(s->refl);
 		histd_tls_free(s->tls);
 		free(s);
-		return histd_error_set(HISTD_EINVALID,
+		return histd_error_set(HISTD_EUNAVAILABLE,
 				       "cannot listen on %s", cfg->listen);
 	}
 	grpc_server_start(s->server);

@@ -15,7 +15,9 @@ typedef struct histd_server histd_server;
 /* Binds cfg->listen, starts serving with cfg->threads threads. Everything
  * passed is borrowed and must outlive the server. *bound_port is the port
  * actually bound (useful with port 0); 0 for a unix socket, which has
- * none. Call grpc_init() first. */
+ * none. Call grpc_init() first. 0; EINVALID for an API keys or TLS file
+ * refused (a bad option); EUNAVAILABLE when cfg->listen cannot be bound;
+ * ENOMEM. */
 int histd_server_start(histd_server **out, const histd_config *cfg,
 		       histd_service *svc, histd_hub *hub, int *bound_port);
 

@@ -1,10 +1,12 @@
 #!/bin/sh
 # Options that are wrong only as histd uses them stop it at start with a
-# line naming them: a default pipeline that does not parse, and a
-# summarizer or embedding provider without its key, exit 2, as every bad
-# option does; a
-# metrics port file that cannot be written exits 1 (the file system, not
-# the option), like --port-file.
+# line naming them: a default pipeline that does not parse, a summarizer
+# or embedding provider without its key, an API keys file histd refuses
+# and a --metrics-listen port that is not one exit 2, as every bad option
+# does; a metrics port file that cannot be written exits 1 (the file
+# system, not the option), like --port-file, and so do a --listen or
+# --metrics-listen port another histd holds (gRPC would share the first
+# through SO_REUSEPORT).
 #   start_errors.sh HISTD
 histd=$1
 dir=$(mktemp -d /tmp/histd-start-XXXXXX)
@@ -37,6 +39,10 @@ expect 2 "HISTD_TEST_NO_KEY" --embedding-provider openai \
 unset HISTD_TEST_NO_KEY2
 expect 2 "HISTD_TEST_NO_KEY2" --anthropic-model claude-test \
 	--anthropic-api-key-env HISTD_TEST_NO_KEY2
+# An API keys file histd refuses is a bad option too, named with its line.
+printf 'short acme\n' >"$dir/keys"
+expect 2 "api-keys-file $dir/keys line 1" --auth-disabled=false \
+	--api-keys-file "$dir/keys"
 # strtol would read the port as 0 and bind a random one.
 expect 2 "metrics-listen '127.0.0.1:9O9O' needs a port" \
 	--metrics-listen 127.0.0.1:9O9O

@@ -140,15 +140,16 @@ finally:
     p.terminate()
     check(p.wait(timeout=20) == 0, "mTLS: histd exits 0")
 
-# Bad files stop histd at start with a message naming the file.
+# Bad files stop histd at start with a message naming the file, and exit
+# 2 as every bad option does.
 p, target = start("--tls-cert", srv[1], "--tls-key", ca2[0])
 err = p.stderr.read().decode()
-check(target is None and p.wait(timeout=10) != 0 and "does not match" in err,
-      "a key that does not match the certificate stops histd at start")
+check(target is None and p.wait(timeout=10) == 2 and "does not match" in err,
+      "a key that does not match the certificate stops histd at start (exit 2)")
 p, target = start("--tls-cert", os.path.join(tmp, "missing.crt"), "--tls-key", srv[0])
 err = p.stderr.read().decode()
-check(target is None and p.wait(timeout=10) != 0 and "missing.crt" in err,
-      "a missing certificate file is named at start")
+check(target is None and p.wait(timeout=10) == 2 and "missing.crt" in err,
+      "a missing certificate file is named at start (exit 2)")
 
 print("%d passed, %d failed" % (len(passes), len(failures)))
 sys.exit(1 if failures else 0)
