@@ -594,6 +594,19 @@ static const char *const other_env[] = {
 	"HISTD_CONFIG", "HISTD_TARGET", "HISTD_TOKEN", NULL
 };
 
+/* Whether the variable (n bytes of name) is one Kubernetes makes for a
+ * Service named histd: HISTD_SERVICE_HOST, HISTD_SERVICE_PORT[_<name>],
+ * HISTD_PORT, HISTD_PORT_<port>_<proto>[_...]. */
+static int
+is_service_link(const char *name, size_t n)
+{
+	return (n == 18 && !strncmp(name, "HISTD_SERVICE_HOST", 18)) ||
+	       (n >= 18 && !strncmp(name, "HISTD_SERVICE_PORT", 18)) ||
+	       (n == 10 && !strncmp(name, "HISTD_PORT", 10)) ||
+	       (n > 11 && !strncmp(name, "HISTD_PORT_", 11) &&
+		name[11] >= '0' && name[11] <= '9');
+}
+
 /* The HISTD_* variables of the environment that name no option. */
 static char *
 find_unknown_env(void)
@@ -616,7 +629,7 @@ find_unknown_env(void)
 		for (size_t i = 0; other_env[i] && !known; i++)
 			known = strlen(other_env[i]) == n &&
 				!strncmp(*e, other_env[i], n);
-		if (known)
+		if (known || is_service_link(*e, n))
 			continue;
 		if (!(more = realloc(list, len + n + 2)))
 			break;
