@@ -139,6 +139,10 @@ histd_driver_validate(const histd_driver *d)
 		return histd_error_set(HISTD_EINVALID,
 				       "driver '%s': embedding_put is set without search",
 				       name);
+	if (d->version >= 4 && !d->tenant_list)
+		return histd_error_set(HISTD_EINVALID,
+				       "driver '%s': callback 'tenant_list' is missing",
+				       name);
 	return 0;
 }
 
@@ -744,6 +748,38 @@ histd_driver_truncate(histd_driver *d, const char *tenant, const char *id,
 	return rc;
 }
 
+int
+histd_driver_can_list_tenants(const histd_driver *d)
+{
+	return d && d->version >= 4 && d->tenant_list != NULL;
+}
+
+int
+histd_driver_tenant_list(histd_driver *d, const char *after, uint32_t limit,
+			 histd_tenant_list *out)
+{
+	histd_tenant_list l = { 0 };
+	int rc;
+
+	if (!d)
+		return histd_error_set(HISTD_EINVALID, "driver is NULL");
+	if (!out)
+		return histd_error_set(HISTD_EINVALID, "tenant list is NULL");
+	if (limit < 1)
+		return histd_error_set(HISTD_EINVALID, "limit must be at least 1");
+	if (!histd_driver_can_list_tenants(d))
+		return histd_error_set(HISTD_EUNIMPL,
+				       "the driver cannot list its tenants");
+	rc = OBSERVED("tenant_list",
+		      d->tenant_list(d, after && *after ? after : NULL, limit,
+				     &l));
+	if (rc == 0)
+		*out = l;
+	else
+		histd_tenant_list_free(&l);
+	return rc;
+}
+
 void
 histd_driver_close(histd_driver *d)
 {
@@ -884,6 +920,64 @@ histd_session_list_free(histd_session_list *l)
 	l->v = NULL;
 	l->n = 0;
 	l->has_more = 0;
+}
+
+void
+histd_tenant_list_free(histd_tenant_list *l)
+{
+	if (!l)
+		return;
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i]);
+	free(l->v);
+	l->v = NULL;
+	l->n = 0;
+	l->has_more = 0;
+	l->cap = 0;
+}
+
+int
+histd_tenant_list_offer(histd_tenant_list *l, const char *after,
+			uint32_t limit, const char *name)
+{
+	size_t lo = 0, hi = l->n;
+	char *copy;
+
+	if (after && *after && strcmp(name, after) <= 0)
+		return 0;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (strcmp(l->v[mid], name) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo >= limit) {
+		l->has_more = 1;
+		return 0;
+	}
+	if (l->n == l->cap && l->n < limit) {
+		size_t cap = l->cap ? l->cap * 2 : 16;
+		char **v;
+
+		if (cap > limit)
+			cap = limit;
+		if (!(v = realloc(l->v, cap * sizeof(*v))))
+			return histd_error_set(HISTD_ENOMEM, "out of memory");
+		l->v = v;
+		l->cap = cap;
+	}
+	if (!(copy = strdup(name)))
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	if (l->n == limit) {
+		free(l->v[--l->n]);
+		l->has_more = 1;
+	}
+	memmove(l->v + lo + 1, l->v + lo, (l->n - lo) * sizeof(*l->v));
+	l->v[lo] = copy;
+	l->n++;
+	return 0;
 }
 
 /* A block of record bytes; blocks are linked newest first from l->mem. */

@@ -52,8 +52,10 @@
 #include "histd_error.h"
 
 /* 2 added search and embedding_put (optional). A version 1 driver stays
- * valid: its search wrappers answer EUNIMPL. */
-#define HISTD_DRIVER_VERSION 3
+ * valid: its search wrappers answer EUNIMPL. 3 added truncate (optional),
+ * 4 tenant_list (required from 4; an older driver's wrapper answers
+ * EUNIMPL, and session TTL refuses it). */
+#define HISTD_DRIVER_VERSION 4
 
 /* ---------------------------------------------------------------------- */
 /* Values passed to and from drivers                                       */
@@ -255,6 +257,15 @@ typedef struct histd_session_list {
 	size_t n;
 	int has_more;
 } histd_session_list;
+
+/* A page of tenant names (tenant_list), owned by the caller
+ * (histd_tenant_list_free). */
+typedef struct histd_tenant_list {
+	char **v;
+	size_t n;
+	int has_more;
+	size_t cap;                 /* of v; histd_tenant_list_offer's */
+} histd_tenant_list;
 
 /* What changed, for subscribers. */
 enum histd_change_kind {
@@ -539,6 +550,19 @@ struct histd_driver {
 	int (*truncate)(histd_driver *d, const char *tenant, const char *id,
 			uint64_t up_to_seq, uint64_t expected_revision,
 			uint64_t *revision, uint64_t *current_revision);
+
+	/* --- version 4 --- */
+
+	/* Required from version 4. The tenants that hold at least one
+	 * session now, with a name > after (NULL or "": from the first), in
+	 * byte order, at most limit (1..); has_more if more exist. A tenant
+	 * whose sessions were all deleted is not listed. Every tenant in the
+	 * storage counts: those stored before a restart, and, for a driver
+	 * several replicas share, those other replicas wrote. out->v and
+	 * each name are owned by the caller (histd_tenant_list_free). This
+	 * is how the session TTL sweeper finds what to sweep. */
+	int (*tenant_list)(histd_driver *d, const char *after, uint32_t limit,
+			   histd_tenant_list *out);
 };
 
 /* Driver options from the configuration. Each driver reads its own. */
@@ -651,6 +675,12 @@ int histd_driver_truncate(histd_driver *d, const char *tenant,
 			  const char *id, uint64_t up_to_seq,
 			  uint64_t expected_revision, uint64_t *revision,
 			  uint64_t *current_revision);
+/* EUNIMPL for a driver older than version 4; *out is the caller's on
+ * success. */
+int histd_driver_tenant_list(histd_driver *d, const char *after,
+			     uint32_t limit, histd_tenant_list *out);
+/* Whether the driver lists its tenants (version 4). */
+int histd_driver_can_list_tenants(const histd_driver *d);
 void histd_driver_close(histd_driver *d);
 
 /* ---------------------------------------------------------------------- */
@@ -660,6 +690,14 @@ void histd_session_free(histd_session *s);
 /* Deep copy; NULL if out of memory. */
 histd_session *histd_session_dup(const histd_session *s);
 void histd_session_list_free(histd_session_list *l);
+/* Frees every name and the array; the struct is left empty. */
+void histd_tenant_list_free(histd_tenant_list *l);
+/* For a driver that walks its tenants in no order: offers a copy of
+ * `name` to l, which keeps, sorted, the `limit` smallest names above
+ * `after` (NULL or "": every name) offered to it, and sets has_more once
+ * it leaves one out. Offer each tenant once. 0 or ENOMEM (l unchanged). */
+int histd_tenant_list_offer(histd_tenant_list *l, const char *after,
+			    uint32_t limit, const char *name);
 
 /* Appends a copy of data to the list; 0 or ENOMEM. */
 int histd_records_add(histd_records *l, uint64_t seq, uint32_t token_estimate,

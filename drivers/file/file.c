@@ -394,6 +394,33 @@ oom:
 	return settle(d, 0, enomem());
 }
 
+/* Tenants stay in the map once made: those with no session left are
+ * skipped. One pass over the map per page. */
+static int
+fd_tenant_list(histd_driver *dd, const char *after, uint32_t limit,
+	       histd_tenant_list *out)
+{
+	hf_driver *d = (hf_driver *)dd;
+	histd_tenant_list l = { 0 };
+	int rc = 0;
+
+	if ((rc = lock_read(d)))
+		return rc;
+	for (size_t i = 0; d->tenants.s && i <= d->tenants.mask && !rc; i++) {
+		const hf_tenant *t = d->tenants.s[i].v;
+
+		if (t && t->n)
+			rc = histd_tenant_list_offer(&l, after, limit, t->name);
+	}
+	/* An absent tenant may rest on a delete still queued. */
+	if ((rc = settle_missing(d, rc))) {
+		histd_tenant_list_free(&l);
+		return rc;
+	}
+	*out = l;
+	return 0;
+}
+
 /* New labels and config, copied for one holder. */
 typedef struct upd_vals {
 	histd_kv *labels;
@@ -1436,6 +1463,7 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 		.search = hf_search,
 		.embedding_put = fd_embedding_put,
 		.truncate = fd_truncate,
+		.tenant_list = fd_tenant_list,
 	};
 	d->max_sessions = cfg->max_sessions_per_tenant;
 	d->max_msgs = cfg->max_session_messages;

@@ -1341,6 +1341,33 @@ mem_session_list(histd_driver *d, const histd_list *q, histd_session_list *out)
 	return 0;
 }
 
+/* Tenants stay in the map once made: those with no session left are
+ * skipped. One pass over the map per page. */
+static int
+mem_tenant_list(histd_driver *d, const char *after, uint32_t limit,
+		histd_tenant_list *out)
+{
+	mem_driver *m = (mem_driver *)d;
+	histd_tenant_list l = { 0 };
+	int rc = 0;
+
+	pthread_rwlock_rdlock(&m->lock);
+	for (size_t i = 0; m->tenants.slots && i <= m->tenants.mask && !rc;
+	     i++) {
+		const mem_tenant *t = m->tenants.slots[i].v;
+
+		if (t && t->ids.n)
+			rc = histd_tenant_list_offer(&l, after, limit, t->name);
+	}
+	pthread_rwlock_unlock(&m->lock);
+	if (rc) {
+		histd_tenant_list_free(&l);
+		return rc;
+	}
+	*out = l;
+	return 0;
+}
+
 static int
 mem_session_update(histd_driver *d, const char *tenant, const char *id,
 		   uint64_t expected_revision, const histd_kv *labels,
@@ -2425,6 +2452,7 @@ histd_memory_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.search = mem_search,
 		.embedding_put = mem_embedding_put,
 		.truncate = mem_truncate,
+		.tenant_list = mem_tenant_list,
 	};
 	m->seed = random_seed();
 	htab_init(&m->tenants, tenant_key, m->seed);

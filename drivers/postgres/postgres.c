@@ -502,6 +502,61 @@ pg_session_list(histd_driver *drv, const histd_list *q, histd_session_list *out)
 	return rc;
 }
 
+struct tenants_arg {
+	const char *after;
+	uint32_t limit;
+	histd_tenant_list out;
+};
+
+static int
+tenants_body(pg_driver *d, pg_conn *c, void *arg, int *retry,
+	     int *commit_sent)
+{
+	struct tenants_arg *a = arg;
+	pg_params p = { 0 };
+	PGresult *r;
+	int rc, n;
+
+	(void)commit_sent;
+	pg_p_text(&p, a->after ? a->after : "");
+	pg_p_i64(&p, (int64_t)a->limit + 1);
+	if ((rc = pg_exec(d, c, ST_TENANT_LIST, &p, &r, retry)))
+		return rc;
+	n = PQntuples(r);
+	if ((uint32_t)n > a->limit) {
+		a->out.has_more = 1;
+		n = (int)a->limit;
+	}
+	a->out.v = n ? calloc((size_t)n, sizeof(*a->out.v)) : NULL;
+	if (n && !a->out.v) {
+		PQclear(r);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	a->out.cap = (size_t)n;
+	for (int i = 0; i < n; i++) {
+		if (!(a->out.v[i] = strdup(pg_r_str(r, i, 0, NULL)))) {
+			histd_tenant_list_free(&a->out);
+			PQclear(r);
+			return histd_error_set(HISTD_ENOMEM, "out of memory");
+		}
+		a->out.n++;
+	}
+	PQclear(r);
+	return 0;
+}
+
+static int
+pg_tenant_list(histd_driver *drv, const char *after, uint32_t limit,
+	       histd_tenant_list *out)
+{
+	struct tenants_arg a = { .after = after, .limit = limit };
+	int rc = pg_txn((pg_driver *)drv, tenants_body, &a, NULL);
+
+	if (rc == 0)
+		*out = a.out;
+	return rc;
+}
+
 struct update_arg {
 	const char *tenant, *id;
 	uint64_t expected;
@@ -1251,7 +1306,7 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 	if (!d)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	d->base = (histd_driver){
-		.version = 3,
+		.version = 4,
 		.name = "postgres",
 		.session_create = pg_session_create,
 		.session_get = pg_session_get,
@@ -1273,6 +1328,7 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.search = pg_search,
 		.embedding_put = pg_embedding_put,
 		.truncate = pg_truncate,
+		.tenant_list = pg_tenant_list,
 	};
 	/* Every replica must be given the same limits: each enforces its
 	 * own (README, "PostgreSQL"). */

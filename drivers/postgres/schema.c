@@ -305,6 +305,7 @@ const char *const pg_stmt_name[ST_COUNT] = {
 	[ST_SESSION_LOCK] = "session_lock",
 	[ST_SESSION_LIST] = "session_list",
 	[ST_SESSION_LIST_LABELS] = "session_list_labels",
+	[ST_TENANT_LIST] = "tenant_list",
 	[ST_SESSION_UPDATE] = "session_update",
 	[ST_SESSION_DELETE] = "session_delete",
 	[ST_READ_AFTER] = "read_after",
@@ -464,6 +465,19 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	"SELECT " PG_SESSION_COLS " FROM sessions s"
 	" WHERE s.tenant = $1 AND s.id > $2 AND s.labels @> $4::jsonb"
 	" ORDER BY s.id LIMIT $3::int8",
+
+	/* The tenants above $1, at most $2 (limit + 1): a loose index scan,
+	 * one probe of the (tenant, id) index per tenant, however many
+	 * sessions each holds. */
+	[ST_TENANT_LIST] =
+	"WITH RECURSIVE t(tenant) AS ("
+	" (SELECT tenant FROM sessions WHERE tenant > $1::text"
+	"  ORDER BY tenant LIMIT 1)"
+	" UNION ALL"
+	" SELECT (SELECT s.tenant FROM sessions s WHERE s.tenant > t.tenant"
+	"  ORDER BY s.tenant LIMIT 1)"
+	" FROM t WHERE t.tenant IS NOT NULL)"
+	"SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT $2::int8",
 
 	/* $1 sid, $2 labels (NULL: keep), $3 set config?, $4 config,
 	 * $5 updated_at */

@@ -4755,6 +4755,125 @@ static void truncate_keeps_system_messages_across_a_restart(void **state)
 }
 
 /* ---------------------------------------------------------------------- */
+/* Listing tenants (version 4)                                             */
+
+/* One tenant_list call answers exactly want[0..n) and has_more. */
+static void expect_tenants(ctest *t, const char *after, uint32_t limit,
+			   const char *const *want, size_t n, int want_more)
+{
+	histd_tenant_list l = { 0 };
+	char got[128] = "";
+	size_t i, bad = n, got_n;
+	int more;
+
+	expect_ok(histd_driver_tenant_list(t->d, after, limit, &l));
+	for (i = 0; i < l.n && i < n && bad == n; i++)
+		if (strcmp(l.v[i], want[i]) != 0) {
+			snprintf(got, sizeof(got), "%s", l.v[i]);
+			bad = i;
+		}
+	got_n = l.n;
+	more = l.has_more;
+	histd_tenant_list_free(&l);
+	if (bad < n)
+		fail_msg("tenants after '%s': #%zu is '%s', want '%s'",
+			 after ? after : "", bad, got, want[bad]);
+	expect_eq(got_n, n, "tenants listed");
+	expect_eq(more, want_more, "has_more");
+}
+
+static void tenant_list_pages_in_byte_order_without_emptied_tenants(void **state)
+{
+	static const char *const all[] = { "B", "a", "a-2", "b", "half" };
+	ctest *t = *state;
+	histd_tenant_list l = { 0 };
+	uint64_t cur;
+
+	expect_tenants(t, NULL, 10, NULL, 0, 0);
+	/* Byte order: upper case before lower, a prefix before its
+	 * extensions. */
+	create_ok(t, "b", "s1");
+	create_ok(t, "a-2", "s1");
+	create_ok(t, "a", "s1");
+	create_ok(t, "a", "s2");
+	create_ok(t, "B", "s1");
+	/* A tenant whose every session is deleted holds nothing; one that
+	 * keeps a session is still listed. */
+	create_ok(t, "gone", "s1");
+	create_ok(t, "gone", "s2");
+	create_ok(t, "half", "s1");
+	create_ok(t, "half", "s2");
+	expect_ok(histd_driver_session_delete(t->d, "gone", "s1", 0, &cur));
+	expect_ok(histd_driver_session_delete(t->d, "gone", "s2", 0, &cur));
+	expect_ok(histd_driver_session_delete(t->d, "half", "s1", 0, &cur));
+
+	for (int pass = 0; pass < 2; pass++) {
+		expect_tenants(t, NULL, 10, all, 5, 0);
+		expect_tenants(t, "", 5, all, 5, 0);
+		expect_tenants(t, NULL, 2, all, 2, 1);
+		expect_tenants(t, "a", 2, &all[2], 2, 1);
+		expect_tenants(t, "b", 2, &all[4], 1, 0);
+		/* after need not be a tenant. */
+		expect_tenants(t, "a-1", 10, &all[2], 3, 0);
+		expect_tenants(t, "half", 10, NULL, 0, 0);
+		/* As a restart finds them. */
+		if (!durable(t))
+			break;
+		reopen(t);
+	}
+	/* A tenant comes back with its first session. */
+	create_ok(t, "gone", "s3");
+	expect_tenants(t, "b", 10,
+		       (const char *const[]){ "gone", "half" }, 2, 0);
+	l.n = 7;
+	expect_err(HISTD_EINVALID, histd_driver_tenant_list(t->d, NULL, 0, &l));
+	expect_eq(l.n, 7, "list untouched on error");
+}
+
+#define MANY_TENANTS 300
+
+static void tenant_list_pages_through_every_tenant_without_a_cap(void **state)
+{
+	ctest *t = *state;
+	char names[MANY_TENANTS][16];
+	const char *want[MANY_TENANTS];
+	char *after = NULL;
+	size_t seen = 0, pages = 0;
+	int more;
+
+	for (size_t i = 0; i < MANY_TENANTS; i++) {
+		snprintf(names[i], sizeof(names[i]), "t-%03zu", i);
+		want[i] = names[i];
+	}
+	/* Created in an order unlike the names'. */
+	for (size_t i = 0; i < MANY_TENANTS; i++)
+		create_ok(t, names[(i * 7) % MANY_TENANTS], "s");
+	expect_tenants(t, NULL, 1000, want, MANY_TENANTS, 0);
+	expect_tenants(t, NULL, 256, want, 256, 1);
+	expect_tenants(t, names[255], 256, &want[256], MANY_TENANTS - 256, 0);
+	/* Page by page, as the sweeper walks them. */
+	do {
+		histd_tenant_list l = { 0 };
+
+		expect_ok(histd_driver_tenant_list(t->d, after, 7, &l));
+		for (size_t i = 0; i < l.n; i++) {
+			if (seen >= MANY_TENANTS ||
+			    strcmp(l.v[i], want[seen]) != 0)
+				fail_msg("tenant #%zu is '%s'", seen, l.v[i]);
+			seen++;
+		}
+		more = l.has_more;
+		free(after);
+		after = l.n ? xstrdup(l.v[l.n - 1]) : NULL;
+		histd_tenant_list_free(&l);
+		pages++;
+	} while (more);
+	free(after);
+	expect_eq(seen, MANY_TENANTS, "tenants seen page by page");
+	expect_eq(pages, (MANY_TENANTS + 6) / 7, "pages");
+}
+
+/* ---------------------------------------------------------------------- */
 
 #define T(f) cmocka_unit_test_prestate_setup_teardown(f, conf_setup, \
 	conf_teardown, (void *)fx)
@@ -4872,6 +4991,9 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 		T(truncate_keeps_system_messages_and_reads_return_them),
 		T(truncate_with_only_system_messages_to_delete_changes_nothing),
 		T(truncate_keeps_system_messages_across_a_restart),
+
+		T(tenant_list_pages_in_byte_order_without_emptied_tenants),
+		T(tenant_list_pages_through_every_tenant_without_a_cap),
 	};
 	const char *filter = getenv("HISTD_TEST_FILTER");
 	char group[96];
