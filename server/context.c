@@ -24,7 +24,6 @@
 #define FIRST_LOAD 32          /* messages a CONTEXT read loads first */
 #define PUT_ATTEMPTS 16        /* summary_put retries against appends */
 #define BACKOFF_MAX_US (INT64_C(60) * 1000000)
-#define TENANTS_MAX 256
 #define SWEEP_PAGE 500
 #define PIPE_CACHE 256
 #define RETAIN_ATTEMPTS 4      /* retention reads racing writes, per job */
@@ -110,7 +109,6 @@ struct sess {
 	/* How many messages a CONTEXT read loads first: its pipeline's
 	 * newest_needed as of the last read (0: FIRST_LOAD). */
 	_Atomic uint32_t load_hint;
-	_Atomic int noted;         /* its tenant is in x->tenants */
 	/* Tokens of the messages a summary covers (worker only). */
 	uint64_t cov_to, cov_cleared, cov_tokens;
 	int cov_known;
@@ -135,9 +133,6 @@ struct histd_context {
 	int running;               /* compactions running now */
 	pthread_t *threads;
 	int n_threads;
-
-	char *tenants[TENANTS_MAX];
-	size_t n_tenants;
 
 	/* Pipelines built from session configs, by the config's bytes:
 	 * read-only once built, shared by every read (plugin states are
@@ -267,20 +262,6 @@ sess_free(struct sess *s)
 	free(s->tenant);
 	free(s->id);
 	free(s);
-}
-
-static void
-note_tenant(histd_context *x, const char *tenant)
-{
-	for (size_t i = 0; i < x->n_tenants; i++)
-		if (!strcmp(x->tenants[i], tenant))
-			return;
-	if (x->n_tenants < TENANTS_MAX) {
-		char *t = strdup(tenant);
-
-		if (t)
-			x->tenants[x->n_tenants++] = t;
-	}
 }
 
 /* ---------------------------------------------------------------------- */
@@ -800,8 +781,7 @@ known_take(struct sess *s, uint64_t revision, int64_t created_us,
 }
 
 /* One attempt at the view with the newest `load` messages. *sp: the
- * session's entry if known (its tenant noted), else NULL; set here once the
- * read succeeded. */
+ * session's entry if known, else NULL; set here once the read succeeded. */
 static int
 context_once(histd_context *x, histd_driver *d, const char *tenant,
 	     const Histd__V1__GetMessagesRequest *r, size_t max_bytes,
@@ -848,11 +828,6 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	if (!s) {
 		pthread_mutex_lock(&x->lock);
 		s = sess_get(x, d, tenant, r->session_id);
-		if (s) {
-			note_tenant(x, tenant);
-			atomic_store_explicit(&s->noted, 1,
-					      memory_order_release);
-		}
 		pthread_mutex_unlock(&x->lock);
 		if (!s) {
 			rc = enomem();
@@ -962,8 +937,6 @@ histd_context_get_messages(histd_context *x, histd_driver *d,
 	 * changed since) costs at most a second pass. Entries are made by
 	 * reads that succeed, never for a session that does not exist. */
 	s = sess_find(x, tenant, r->session_id);
-	if (s && !atomic_load_explicit(&s->noted, memory_order_acquire))
-		s = NULL;        /* context_once notes its tenant */
 	if (s && atomic_load_explicit(&s->load_hint, memory_order_relaxed))
 		load = atomic_load_explicit(&s->load_hint,
 					    memory_order_relaxed);
@@ -1401,7 +1374,6 @@ acquire(histd_context *x, histd_driver *d, const char *tenant,
 			pthread_cond_wait(&x->idle, &x->lock);
 		s->busy = 1;
 		x->running++;
-		note_tenant(x, tenant);
 	}
 	pthread_mutex_unlock(&x->lock);
 	return s;
@@ -1488,7 +1460,6 @@ histd_context_after_append(histd_context *x, histd_driver *d,
 		/* Most sessions never compact: no wake-up, no session read. */
 		if (s->no_reducer_us &&
 		    s->last_append_us - s->no_reducer_us < NO_REDUCER_TTL_US) {
-			note_tenant(x, tenant);
 			pthread_mutex_unlock(&x->lock);
 			return;
 		}
@@ -1497,7 +1468,6 @@ histd_context_after_append(histd_context *x, histd_driver *d,
 			enqueue(x, s, s->not_before);
 			pthread_cond_signal(&x->work);
 		}
-		note_tenant(x, tenant);
 	}
 	pthread_mutex_unlock(&x->lock);
 }
@@ -2087,60 +2057,73 @@ last_activity(histd_context *x, const histd_session *sr)
 	return t;
 }
 
+/* Deletes the tenant's sessions idle since before cutoff; how many. */
+static int
+sweep_tenant(histd_context *x, const char *tenant, int64_t cutoff)
+{
+	histd_list q = { .tenant = tenant, .limit = SWEEP_PAGE };
+	char *after = NULL;
+	int deleted = 0, more;
+
+	do {
+		histd_session_list l = { 0 };
+
+		q.after_id = after;
+		if (histd_driver_session_list(x->d, &q, &l))
+			break;
+		for (size_t i = 0; i < l.n; i++) {
+			const histd_session *sr = l.v[i];
+			uint64_t cur;
+
+			if (last_activity(x, sr) >= cutoff)
+				continue;
+			if (!histd_driver_session_delete(x->d, sr->tenant,
+							 sr->id, sr->revision,
+							 &cur)) {
+				deleted++;
+				histd_log(HISTD_LOG_INFO, "session expired",
+					  "session", sr->id, NULL);
+			}
+		}
+		more = l.has_more && l.n;
+		free(after);
+		after = more ? strdup(l.v[l.n - 1]->id) : NULL;
+		histd_session_list_free(&l);
+	} while (more && after);
+	free(after);
+	return deleted;
+}
+
+/* Every tenant the storage holds sessions of, as the driver lists them:
+ * those from before a restart, and other replicas', too. */
 int
 histd_context_sweep(histd_context *x)
 {
-	char *tenants[TENANTS_MAX];
-	size_t n_t = 0;
-	int deleted = 0;
+	char *after = NULL;
+	int deleted = 0, more;
 	int64_t cutoff;
 
 	if (!x || x->cfg.session_ttl_us <= 0)
 		return 0;
 	cutoff = histd_now_us() - x->cfg.session_ttl_us;
-	pthread_mutex_lock(&x->lock);
-	for (size_t i = 0; i < x->n_tenants; i++)
-		if ((tenants[n_t] = strdup(x->tenants[i])))
-			n_t++;
-	pthread_mutex_unlock(&x->lock);
-	for (size_t t = 0; t < n_t; t++) {
-		char after[256] = "";
-		histd_list q = { .tenant = tenants[t], .limit = SWEEP_PAGE };
+	do {
+		histd_tenant_list tl = { 0 };
+		int rc = histd_driver_tenant_list(x->d, after, SWEEP_PAGE, &tl);
 
-		for (;;) {
-			histd_session_list l = { 0 };
-
-			q.after_id = after;
-			if (histd_driver_session_list(x->d, &q, &l))
-				break;
-			for (size_t i = 0; i < l.n; i++) {
-				const histd_session *sr = l.v[i];
-				uint64_t cur;
-
-				if (last_activity(x, sr) >= cutoff)
-					continue;
-				if (!histd_driver_session_delete(x->d,
-						sr->tenant, sr->id,
-						sr->revision, &cur)) {
-					deleted++;
-					histd_log(HISTD_LOG_INFO,
-						  "session expired", "session",
-						  sr->id, NULL);
-				}
-			}
-			if (l.n)
-				snprintf(after, sizeof(after), "%s",
-					 l.v[l.n - 1]->id);
-			{
-				int more = l.has_more && l.n;
-
-				histd_session_list_free(&l);
-				if (!more)
-					break;
-			}
+		if (rc) {
+			histd_log(HISTD_LOG_WARN, "session TTL sweep stopped; "
+				  "the next one starts over", "error",
+				  histd_error_message(), NULL);
+			break;
 		}
-		free(tenants[t]);
-	}
+		for (size_t i = 0; i < tl.n; i++)
+			deleted += sweep_tenant(x, tl.v[i], cutoff);
+		more = tl.has_more && tl.n;
+		free(after);
+		after = more ? strdup(tl.v[tl.n - 1]) : NULL;
+		histd_tenant_list_free(&tl);
+	} while (more && after);
+	free(after);
 	return deleted;
 }
 
@@ -2208,7 +2191,6 @@ histd_context_new(histd_context **out, histd_driver *d,
 	pthread_mutex_init(&x->sweep_lock, NULL);
 	pthread_cond_init(&x->sweep_cond, NULL);
 	pthread_mutex_init(&x->pipe_lock, NULL);
-	note_tenant(x, "default");
 	if (cfg && (rc = histd_pipeline_parse(cfg->default_pipeline,
 					      "default-pipeline", &x->def))) {
 		histd_context_free(x);
@@ -2218,6 +2200,12 @@ histd_context_new(histd_context **out, histd_driver *d,
 	    (rc = check_retention(x->def, NULL, d->name, HISTD_EINVALID))) {
 		histd_context_free(x);
 		return rc;
+	}
+	if (x->cfg.session_ttl_us > 0 && !histd_driver_can_list_tenants(d)) {
+		histd_context_free(x);
+		return histd_error_set(HISTD_EINVALID,
+			"session-ttl needs a storage driver that lists its "
+			"tenants; the %s driver cannot", d->name);
 	}
 	if (!histd_driver_can_truncate(d)) {
 		x->no_truncate = d->name;
@@ -2291,8 +2279,6 @@ histd_context_free(histd_context *x)
 			x->table[b] = s->next;
 			sess_free(s);
 		}
-	for (size_t i = 0; i < x->n_tenants; i++)
-		free(x->tenants[i]);
 	free(x->threads);
 	while (x->pipes) {
 		struct pipe_entry *e = x->pipes;

@@ -67,8 +67,11 @@
  * TTL. With session_ttl set, a sweeper deletes every session idle for
  * longer: no change to it (updated_at, its newest message's created_at,
  * appends seen by this process) for session_ttl. It deletes at the
- * revision it saw, so a session written meanwhile stays. It sweeps the
- * tenants this process has served.
+ * revision it saw, so a session written meanwhile stays. It sweeps every
+ * tenant the driver holds sessions of (histd_driver_tenant_list), whether
+ * or not this process has served it: sessions stored before a restart and
+ * those other replicas wrote expire too. histd_context_new refuses a
+ * session_ttl with a driver that cannot list its tenants.
  *
  * Threads: every function may be called from any thread.
  */

@@ -811,6 +811,28 @@ retention_needs_a_driver_that_can_delete(void **state)
 	assert_non_null(strstr(histd_error_message(), "default-pipeline"));
 }
 
+/* The shim, like every driver older than version 4, cannot list its
+ * tenants: the TTL sweeper could not find what to sweep (context.c, beside
+ * the retention checks). */
+static void
+session_ttl_needs_a_driver_that_lists_its_tenants(void **state)
+{
+	histd_context *c2 = NULL;
+	histd_context_config cc = { 0 };
+
+	(void)state;
+	assert_false(histd_driver_can_list_tenants(drv));
+	cc.session_ttl_us = 1000000;
+	assert_int_equal(histd_context_new(&c2, drv, &cc), HISTD_EINVALID);
+	assert_null(c2);
+	assert_string_equal(histd_error_message(),
+		"session-ttl needs a storage driver that lists its tenants; "
+		"the shim driver cannot");
+	cc.session_ttl_us = 0;
+	assert_int_equal(histd_context_new(&c2, drv, &cc), 0);
+	histd_context_free(c2);
+}
+
 static void
 the_cleared_event_says_whether_system_messages_were_kept(void **state)
 {
@@ -969,6 +991,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(
 			retention_needs_a_driver_that_can_delete, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			session_ttl_needs_a_driver_that_lists_its_tenants,
+			setup, teardown),
 		cmocka_unit_test(
 			the_cleared_event_says_whether_system_messages_were_kept),
 		cmocka_unit_test(
