@@ -259,12 +259,37 @@ int harness_stop(histd_proc *p)
 	return rc == 0 ? 0 : -1;
 }
 
+int harness_log_has(const histd_proc *p, const char *needle)
+{
+	char path[256], line[4096];
+	int found = 0;
+	snprintf(path, sizeof(path), "%s/histd.log", p->dir);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, needle) != NULL;
+	fclose(f);
+	return found;
+}
+
 histd_client *harness_client(const histd_proc *p)
+{
+	return harness_client_key(p, NULL);
+}
+
+histd_client *harness_client_key(const histd_proc *p, const char *key)
 {
 	histd_client *c = NULL;
 	histd_client_options opt = HISTD_CLIENT_OPTIONS_INIT;
+	char bearer[256];
+	const char *md[] = { "authorization", bearer, NULL };
 	/* Replays of big sessions may exceed gRPC's 4 MiB default. */
 	opt.max_receive_message_bytes = -1;
+	if (key) {
+		snprintf(bearer, sizeof(bearer), "Bearer %s", key);
+		opt.metadata_kv = md;   /* copied by open */
+	}
 	assert_int_equal(histd_client_open_ex(p->target, &opt, &c), 0);
 	assert_non_null(c);
 	return c;

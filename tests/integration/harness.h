@@ -61,8 +61,15 @@ void harness_free(histd_proc *p);
 /* Prints the server's log to stderr. */
 void harness_dump_log(const histd_proc *p);
 
+/* Whether a line of the server's log holds needle yet. */
+int harness_log_has(const histd_proc *p, const char *needle);
+
 /* Opens a client to the server (asserts success). */
 histd_client *harness_client(const histd_proc *p);
+
+/* The same, sending "authorization: Bearer <key>" on every call (for a
+ * server started with --api-keys-file). */
+histd_client *harness_client_key(const histd_proc *p, const char *key);
 
 /* ------------------------------------------------------------------------
  * Building requests: an arena holds every allocation of a test's request

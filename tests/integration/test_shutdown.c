@@ -303,21 +303,6 @@ static void sigterm_ends_an_idle_subscriber_with_unavailable(void **state)
 	free(id);
 }
 
-/* Whether the server's log holds needle yet. */
-static int log_has(const histd_proc *p, const char *needle)
-{
-	char path[256], line[4096];
-	int found = 0;
-	snprintf(path, sizeof(path), "%s/histd.log", p->dir);
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return 0;
-	while (!found && fgets(line, sizeof(line), f))
-		found = strstr(line, needle) != NULL;
-	fclose(f);
-	return found;
-}
-
 /* SIGHUP is what a reload is often sent as; histd re-reads its files by
  * itself, so it logs the signal and goes on serving. */
 static void sighup_is_logged_and_serving_goes_on(void **state)
@@ -329,11 +314,11 @@ static void sighup_is_logged_and_serving_goes_on(void **state)
 	char *id = t_create_session(c, "hup");
 	assert_int_equal(kill(p->pid, SIGHUP), 0);
 	int64_t t0 = t_now_ms();
-	while (!log_has(p, "SIGHUP ignored") && t_now_ms() - t0 < 20000)
+	while (!harness_log_has(p, "SIGHUP ignored") && t_now_ms() - t0 < 20000)
 		sleep_ms(20);
-	if (!log_has(p, "SIGHUP ignored"))
+	if (!harness_log_has(p, "SIGHUP ignored"))
 		harness_dump_log(p);
-	assert_true(log_has(p, "SIGHUP ignored"));
+	assert_true(harness_log_has(p, "SIGHUP ignored"));
 	assert_int_equal(t_append_texts(c, id, 1, "after hup", 0, NULL),
 			 GRPC_STATUS_OK);
 	histd_client_close(c);
