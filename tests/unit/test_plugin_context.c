@@ -787,6 +787,41 @@ ttl_deletes_idle_sessions_only(void **state)
 	assert_int_equal(ut_call(HISTD_M_GET_SESSION, &gs.base, NULL, NULL), 0);
 }
 
+/* Sessions stored by another process (written to the driver, never
+ * served here), in more tenants than the sweeper once remembered (256):
+ * the sweep finds them all through the driver. */
+static void
+ttl_sweeps_every_tenant_in_storage(void **state)
+{
+	enum { N = 300 };
+	char tenant[32];
+
+	(void)state;
+	teardown(NULL);
+	assert_int_equal(start("", 200000), 0);
+	for (int i = 0; i < N; i++) {
+		histd_session in = { 0 }, *out = NULL;
+
+		snprintf(tenant, sizeof(tenant), "stored-%03d", i);
+		in.tenant = tenant;
+		in.id = "idle";
+		in.created_at_us = in.updated_at_us = histd_now_us() - 1000000;
+		assert_int_equal(histd_driver_session_create(drv, &in, &out), 0);
+		histd_session_free(out);
+	}
+	/* One of the caller's, fresh: it stays. */
+	assert_int_equal(ut_create("fresh", NULL), 0);
+	assert_int_equal(histd_context_sweep(ctx), N);
+	for (int i = 0; i < N; i += 37) {
+		histd_session *s = NULL;
+
+		snprintf(tenant, sizeof(tenant), "stored-%03d", i);
+		assert_int_equal(histd_driver_session_get(drv, tenant, "idle",
+							  &s), HISTD_ENOTFOUND);
+	}
+	assert_int_equal(histd_context_sweep(ctx), 0);
+}
+
 static void
 context_of_a_long_session_reads_only_its_tail(void **state)
 {
@@ -1238,6 +1273,8 @@ main(void)
 			appends_racing_a_compaction_lose_nothing, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(ttl_deletes_idle_sessions_only,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(ttl_sweeps_every_tenant_in_storage,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			the_window_hint_loads_less_and_changes_nothing,
