@@ -39,6 +39,7 @@ struct histd_auth {
 	struct keyset *set;
 	struct stat seen;
 	time_t checked;
+	int missing;            /* the file was gone at the last look */
 	pthread_mutex_t reload_mu;
 };
 
@@ -64,13 +65,18 @@ tenant_ok(const char *t)
 	return 1;
 }
 
-/* Parses the file into a new set; EINVALID naming the line. */
+/* Parses the file into a new set; EINVALID naming the line. Lines have
+ * no length limit (a long comment must not spill into a key line), a
+ * UTF-8 byte order mark before the first line is skipped, and a line
+ * whose first word starts with '#' is a comment. */
 static int
 parse(const char *path, struct keyset **out)
 {
 	FILE *f = fopen(path, "r");
 	struct keyset *ks;
-	char line[1024];
+	char *line = NULL;
+	size_t line_cap = 0;
+	ssize_t got;
 	int lineno = 0, rc = 0;
 	size_t cap = 0;
 
@@ -81,12 +87,14 @@ parse(const char *path, struct keyset **out)
 		fclose(f);
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	}
-	while (fgets(line, sizeof(line), f)) {
-		char *save = NULL, *key, *tenant, *role, *extra;
+	while ((got = getline(&line, &line_cap, f)) >= 0) {
+		char *save = NULL, *key, *tenant, *role, *extra, *text = line;
 
 		lineno++;
-		line[strcspn(line, "\r\n")] = '\0';
-		key = strtok_r(line, " \t", &save);
+		if (lineno == 1 && strncmp(text, "\xEF\xBB\xBF", 3) == 0)
+			text += 3;
+		text[strcspn(text, "\r\n")] = '\0';
+		key = strtok_r(text, " \t", &save);
 		if (!key || key[0] == '#')
 			continue;
 		tenant = strtok_r(NULL, " \t", &save);
@@ -132,9 +140,14 @@ parse(const char *path, struct keyset **out)
 		ks->keys[ks->n].read_only = role && strcmp(role, "read-only") == 0;
 		ks->keys[ks->n].line = lineno;
 		ks->n++;
-		OPENSSL_cleanse(line, sizeof(line));
+		OPENSSL_cleanse(line, line_cap);
 	}
-	OPENSSL_cleanse(line, sizeof(line));
+	if (line)
+		OPENSSL_cleanse(line, line_cap);
+	free(line);
+	if (rc == 0 && (ferror(f) || !feof(f)))
+		rc = histd_error_set(HISTD_EINVALID, "api-keys-file %s: %s",
+				     path, strerror(errno));
 	fclose(f);
 	if (rc == 0 && ks->n == 0)
 		rc = histd_error_set(HISTD_EINVALID, "api-keys-file %s holds no "
@@ -186,38 +199,60 @@ histd_auth_free(histd_auth *a)
 	free(a);
 }
 
+static int
+same_file(const struct stat *x, const struct stat *y)
+{
+	return x->st_mtim.tv_sec == y->st_mtim.tv_sec &&
+	       x->st_mtim.tv_nsec == y->st_mtim.tv_nsec &&
+	       x->st_size == y->st_size && x->st_ino == y->st_ino;
+}
+
+/* Puts the file's keys in front; on a bad file, keeps the ones held. */
+static void
+reload(histd_auth *a)
+{
+	struct keyset *ks;
+	char n[24];
+
+	if (parse(a->path, &ks) != 0) {
+		histd_log(HISTD_LOG_WARN, "API keys not reloaded; keeping the "
+			  "previous ones", "error", histd_error_message(), NULL);
+		return;
+	}
+	pthread_rwlock_wrlock(&a->lock);
+	ks->older = a->set;
+	a->set = ks;
+	pthread_rwlock_unlock(&a->lock);
+	snprintf(n, sizeof(n), "%zu", ks->n);
+	histd_log(HISTD_LOG_INFO, "API keys reloaded", "keys", n, NULL);
+}
+
 /* Reads the file again if it changed; one thread at a time. */
 static void
 maybe_reload(histd_auth *a)
 {
 	time_t now = time(NULL);
-	struct keyset *ks;
 	struct stat st;
 
 	if (now - __atomic_load_n(&a->checked, __ATOMIC_RELAXED) < 2)
 		return;
 	if (pthread_mutex_trylock(&a->reload_mu) != 0)
 		return;
-	a->checked = now;
-	if (stat(a->path, &st) == 0 &&
-	    (st.st_mtim.tv_sec != a->seen.st_mtim.tv_sec ||
-	     st.st_mtim.tv_nsec != a->seen.st_mtim.tv_nsec ||
-	     st.st_size != a->seen.st_size || st.st_ino != a->seen.st_ino)) {
-		a->seen = st;
-		if (parse(a->path, &ks) == 0) {
-			char n[24];
-
-			pthread_rwlock_wrlock(&a->lock);
-			ks->older = a->set;
-			a->set = ks;
-			pthread_rwlock_unlock(&a->lock);
-			snprintf(n, sizeof(n), "%zu", ks->n);
-			histd_log(HISTD_LOG_INFO, "API keys reloaded", "keys", n,
-				  NULL);
-		} else {
-			histd_log(HISTD_LOG_WARN, "API keys not reloaded; keeping "
-				  "the previous ones", "error",
-				  histd_error_message(), NULL);
+	__atomic_store_n(&a->checked, now, __ATOMIC_RELAXED);
+	if (stat(a->path, &st) != 0) {
+		/* Gone or out of reach: an editor replacing the file, or an
+		 * operator's mistake. Revoking every key then would stop the
+		 * whole service, so the keys held stay, and that is said once. */
+		if (!a->missing)
+			histd_log(HISTD_LOG_WARN, "API keys file unreadable; "
+				  "keeping the previous keys", "file", a->path,
+				  "error", strerror(errno), NULL);
+		a->missing = 1;
+	} else {
+		a->missing = 0;
+		if (!same_file(&st, &a->seen)) {
+			a->seen = st;
+			reload(a);
 		}
 	}
 	pthread_mutex_unlock(&a->reload_mu);

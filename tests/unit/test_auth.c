@@ -145,6 +145,80 @@ a_key_removed_or_moved_no_longer_holds(void **state)
 	histd_auth_free(a);
 }
 
+/* A line is read whole however long: the tail of a long comment is not a
+ * line of its own (it used to be, past 1,023 bytes, and could hold a key),
+ * and a long key works. */
+static void
+a_long_line_is_one_line(void **state)
+{
+	char text[4096], longkey[2001];
+	histd_auth *a = NULL;
+	const char *tenant;
+	char header[2100];
+	int ro;
+
+	(void)state;
+	memset(longkey, 'k', sizeof(longkey) - 1);
+	longkey[sizeof(longkey) - 1] = '\0';
+	/* '#' and 1,022 more bytes: exactly what one read of 1,023 took. */
+	snprintf(text, sizeof(text), KEY_A " alpha\n#%01022d " KEY_B
+		 " bravo\n%s charlie read-only\n", 0, longkey);
+	write_keys(text);
+	assert_int_equal(histd_auth_new(&a, path), 0);
+	assert_int_equal(histd_auth_count(a), 2);
+	assert_int_equal(histd_auth_check(a, "Bearer " KEY_B,
+					  strlen("Bearer " KEY_B), &tenant, &ro),
+			 HISTD_EUNAUTH);
+	snprintf(header, sizeof(header), "Bearer %s", longkey);
+	assert_int_equal(histd_auth_check(a, header, strlen(header), &tenant,
+					  &ro), 0);
+	assert_string_equal(tenant, "charlie");
+	assert_true(ro);
+	histd_auth_free(a);
+}
+
+/* Files saved by some editors begin with a UTF-8 byte order mark. */
+static void
+a_byte_order_mark_is_skipped(void **state)
+{
+	histd_auth *a = NULL;
+	const char *tenant;
+	int ro;
+
+	(void)state;
+	write_keys("\xEF\xBB\xBF" KEY_A " alpha\n");
+	assert_int_equal(histd_auth_new(&a, path), 0);
+	assert_int_equal(histd_auth_check(a, "Bearer " KEY_A,
+					  strlen("Bearer " KEY_A), &tenant, &ro), 0);
+	assert_string_equal(tenant, "alpha");
+	histd_auth_free(a);
+}
+
+/* A file that goes away (an editor's unlink and write, a mistake) does
+ * not revoke every key; when it is back, it counts again. */
+static void
+a_missing_file_keeps_the_keys_held(void **state)
+{
+	histd_auth *a = NULL;
+	const char *alpha;
+	int ro;
+
+	(void)state;
+	write_keys(KEY_A " alpha\n");
+	assert_int_equal(histd_auth_new(&a, path), 0);
+	assert_int_equal(histd_auth_check(a, "Bearer " KEY_A,
+					  strlen("Bearer " KEY_A), &alpha, &ro), 0);
+	assert_int_equal(unlink(path), 0);
+	usleep(2100 * 1000);
+	assert_true(histd_auth_still_valid(a, alpha));
+	assert_int_equal(histd_auth_check(a, "Bearer " KEY_A,
+					  strlen("Bearer " KEY_A), &alpha, &ro), 0);
+	write_keys(KEY_B " bravo\n");
+	usleep(2100 * 1000);
+	assert_false(histd_auth_still_valid(a, alpha));
+	histd_auth_free(a);
+}
+
 int
 main(void)
 {
@@ -153,6 +227,9 @@ main(void)
 		cmocka_unit_test(bad_lines_are_refused_naming_the_line),
 		cmocka_unit_test(a_key_listed_twice_is_refused),
 		cmocka_unit_test(a_key_removed_or_moved_no_longer_holds),
+		cmocka_unit_test(a_long_line_is_one_line),
+		cmocka_unit_test(a_byte_order_mark_is_skipped),
+		cmocka_unit_test(a_missing_file_keeps_the_keys_held),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
