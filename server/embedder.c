@@ -696,6 +696,15 @@ s_embed(void *ctx, const char *provider, const char *model, const char *text,
 	rc = histd_embeddings_embed(c, m, &text, 1, v, dim);
 	count_call(provider, rc);
 	free(cut);
+	/* A vector of zeros (or of numbers beyond a float) compares with
+	 * nothing: the provider's fault, not the caller's query, so the
+	 * sessions fall back to words as for any other bad answer. */
+	if (rc == 0 && histd_vec_normalize(*v, *dim)) {
+		free(*v);
+		*v = NULL;
+		return histd_error_set(HISTD_EUNAVAILABLE, "embedding answer: "
+				       "the query vector is zero or not finite");
+	}
 	if (rc == 0)
 		*model_out = m;
 	return rc;

@@ -492,6 +492,22 @@ late_embeddings_are_backfilled_by_a_semantic_search(void **state)
 	ta_free(a);
 }
 
+/* A semantic search of the session that the provider's next answer
+ * sends back to words: LEXICAL, the session its one fallback, hits. */
+static void
+expect_words_instead(tarena *a, const char *session)
+{
+	Histd__V1__SearchResponse *s;
+
+	s = search(a, session, "malloc", 10,
+		   HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC);
+	assert_int_equal(s->mode, HISTD__V1__SEARCH_MODE__SEARCH_MODE_LEXICAL);
+	assert_int_equal(s->n_lexical_fallback_sessions, 1);
+	assert_string_equal(s->lexical_fallback_sessions[0], session);
+	assert_true(s->n_hits > 0);
+	histd_client_message_free(&s->base);
+}
+
 /* A provider that refuses histd's key for the query's embedding: the
  * session is searched by its words and listed as a fallback, not an
  * error for the caller. */
@@ -499,20 +515,13 @@ static void
 a_refused_query_embedding_falls_back_to_words(void **state)
 {
 	tarena *a = ta_new();
-	Histd__V1__SearchResponse *s;
 
 	(void)state;
 	create(a, "refused", "openai", "");
 	append_each(a, "refused", code, N(code));
 	wait_vectors(a, "refused", N(code));
 	stub_push(provider, (stub_reply){ .status = 401, .retry_after = -1 });
-	s = search(a, "refused", "malloc", 10,
-		   HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC);
-	assert_int_equal(s->mode, HISTD__V1__SEARCH_MODE__SEARCH_MODE_LEXICAL);
-	assert_int_equal(s->n_lexical_fallback_sessions, 1);
-	assert_string_equal(s->lexical_fallback_sessions[0], "refused");
-	assert_true(s->n_hits > 0);
-	histd_client_message_free(&s->base);
+	expect_words_instead(a, "refused");
 	ta_free(a);
 }
 
@@ -533,6 +542,31 @@ vectors_survive_a_restart_of_the_file_driver(void **state)
 	ta_free(a);
 }
 
+/* A provider that answers the query with a vector of zeros, or of numbers
+ * no float holds: nothing can be compared with it, and that is the
+ * provider's fault, so the session is searched by its words and listed
+ * as a fallback, not INVALID_ARGUMENT for the caller's query. */
+static void
+a_degenerate_query_vector_falls_back_to_words(void **state)
+{
+	static const char *const bodies[] = {
+		"{\"data\":[{\"index\":0,\"embedding\":[0,0,0,0]}]}",
+		"{\"data\":[{\"index\":0,\"embedding\":[1e39,1e39]}]}",
+	};
+	tarena *a = ta_new();
+
+	(void)state;
+	create(a, "degenerate", "openai", "");
+	append_each(a, "degenerate", code, N(code));
+	wait_vectors(a, "degenerate", N(code));
+	for (size_t i = 0; i < N(bodies); i++) {
+		stub_push(provider, (stub_reply){ .retry_after = -1,
+						  .body = bodies[i] });
+		expect_words_instead(a, "degenerate");
+	}
+	ta_free(a);
+}
+
 #define M(f) cmocka_unit_test_setup_teardown(f, setup_memory, teardown)
 #define F(f) cmocka_unit_test_setup_teardown(f, setup_file, teardown)
 
@@ -546,6 +580,7 @@ main(int argc, char **argv)
 		M(appends_do_not_wait_for_the_provider),
 		M(late_embeddings_are_backfilled_by_a_semantic_search),
 		M(a_refused_query_embedding_falls_back_to_words),
+		M(a_degenerate_query_vector_falls_back_to_words),
 		F(semantic_finds_known_nearest_neighbours_per_provider),
 		F(semantic_lists_sessions_without_embeddings_as_fallback),
 		F(appends_do_not_wait_for_the_provider),
