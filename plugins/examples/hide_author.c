@@ -69,7 +69,9 @@ hidden(const struct state *s, const char *author)
 	size_t n = strlen(author);
 	const char *p = s->authors;
 
-	if (!n)
+	/* '|' separates the names: an author holding one is none of them
+	 * (and so every match starts after the list's first '|'). */
+	if (!n || strchr(author, '|'))
 		return 0;
 	while ((p = strstr(p, author))) {
 		if (p[-1] == '|' && p[n] == '|')

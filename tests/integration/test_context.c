@@ -323,6 +323,35 @@ a_shared_object_plugin_is_used_like_a_built_in_one(void **state)
 	ta_free(a);
 }
 
+/* An author's name is one of the list's or not: "debug|tracer" (nor
+ * "|debug") is neither debug nor tracer, and a '|' at the name's start
+ * does not read before the list. */
+static void
+a_shared_object_plugin_matches_whole_author_names(void **state)
+{
+	static const char *const kept[] = { "debug|tracer", "|debug", "tracer|",
+					    "debu", "racer" };
+	tarena *a = ta_new();
+	Histd__V1__GetMessagesResponse *g;
+
+	(void)state;
+	assert_int_equal(create(a, "so3", "hide_author", "authors",
+				"debug|tracer", NULL, NULL), GRPC_STATUS_OK);
+	for (size_t i = 0; i < sizeof(kept) / sizeof(kept[0]); i++) {
+		Histd__V1__Message *m =
+			tm_text(a, HISTD__V1__ROLE__ROLE_USER, kept[i]);
+
+		m->author = (char *)kept[i];
+		append(a, "so3", m);
+	}
+	g = get_context(a, "so3");
+	assert_int_equal(g->n_messages, sizeof(kept) / sizeof(kept[0]));
+	for (size_t i = 0; i < g->n_messages; i++)
+		assert_string_equal(g->messages[i]->author, kept[i]);
+	histd_client_message_free((ProtobufCMessage *)g);
+	ta_free(a);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -335,6 +364,8 @@ main(int argc, char **argv)
 		cmocka_unit_test(the_default_pipeline_compacts_automatically),
 		cmocka_unit_test(
 			a_shared_object_plugin_is_used_like_a_built_in_one),
+		cmocka_unit_test(
+			a_shared_object_plugin_matches_whole_author_names),
 	};
 	char *slash;
 
