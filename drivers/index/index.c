@@ -95,8 +95,21 @@ lower(uint32_t c)
 		return c;
 	if (c <= 0xDE && c != 0xD7)
 		return c + 0x20;
-	if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2)
-		return c + 0x20;
+	if (c >= 0x391 && c <= 0x3AB && c != 0x3A2)
+		return c + 0x20;            /* also Ϊ Ϋ */
+	/* Greek capitals with tonos, and final sigma as sigma: a word
+	 * written in capitals ("ΣΊΣΥΦΟΣ") is the word in small letters
+	 * ("σίσυφος"). */
+	if (c == 0x386)
+		return 0x3AC;
+	if (c >= 0x388 && c <= 0x38A)
+		return c + 0x25;
+	if (c == 0x38C)
+		return 0x3CC;
+	if (c == 0x38E || c == 0x38F)
+		return c + 0x3F;
+	if (c == 0x3C2)
+		return 0x3C3;
 	if (c >= 0x410 && c <= 0x42F)
 		return c + 0x20;
 	if (c >= 0x400 && c <= 0x40F)

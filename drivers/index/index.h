@@ -10,7 +10,8 @@
  * it). Tokens: maximal runs of letters and digits, where every non-ASCII
  * code point counts as a letter except the Unicode spaces and general
  * punctuation (U+00A0..U+00BF, U+2000..U+206F, U+3000..U+303F, U+FF01..
- * U+FF0F); ASCII, Latin-1, Greek and Cyrillic capitals are lowercased.
+ * U+FF0F); ASCII, Latin-1, Greek (with tonos and dialytika too) and
+ * Cyrillic capitals are lowercased, and Greek final sigma is sigma.
  * No stemming and no stop words: "run" does not find "running". Tokens
  * longer than 64 bytes are cut there. The query is tokenized the same way;
  * its distinct tokens (at most 32) are OR'ed.

@@ -272,7 +272,7 @@ void pg_rollback(pg_driver *d, pg_conn *c);
 /* Schema (schema.c)                                                       */
 
 /* The schema version this binary writes. */
-#define PG_SCHEMA_VERSION 4
+#define PG_SCHEMA_VERSION 5
 
 /* Creates or upgrades the schema under an advisory lock; refuses (EINVALID)
  * a database whose schema is newer than this binary. */

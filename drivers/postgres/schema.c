@@ -161,6 +161,17 @@ static const char *const migrations[] = {
 	"CREATE UNIQUE INDEX sessions_tenant_context_keys ON sessions"
 	"  (tenant, histd_keys_digest(context_keys))"
 	"  WHERE context_keys IS NOT NULL;",
+
+	/* 5: the words fold Greek capitals with tonos or dialytika and final
+	 * sigma (drivers/index): rows whose stored words hold one of those
+	 * letters lose their words here, and the start's backfill
+	 * (pg_backfill) makes them again, with their sessions' sums. One
+	 * scan of messages; the regex escapes keep this text ASCII. */
+	"UPDATE messages SET tsv = NULL"
+	"  WHERE tsv::text ~ '[\\u0386\\u0388-\\u038A\\u038C\\u038E\\u038F"
+	"\\u03AA\\u03AB\\u03C2]'"
+	"  OR tsv_tool::text ~ '[\\u0386\\u0388-\\u038A\\u038C\\u038E"
+	"\\u038F\\u03AA\\u03AB\\u03C2]';",
 };
 
 #define N_MIGRATIONS (sizeof(migrations) / sizeof(migrations[0]))

@@ -429,6 +429,33 @@ static void search_is_case_insensitive_and_unicode_aware(void **state)
 	expect_eq(count_hits(t, &q), 0, "hits for zurich");
 }
 
+/* Greek capitals with tonos (Ά Έ Ή Ί Ό Ύ Ώ) and with dialytika (Ϊ Ϋ) fold
+ * to their small letters, and final sigma to sigma: a word in capitals
+ * is found by the word as it is written in small letters, and back. */
+static void search_folds_every_greek_capital_and_final_sigma(void **state)
+{
+	static const char *const q_small[] = {
+		"σίσυφος", "άνθρωπος", "έλα", "ήλιος", "όχι", "ύπνος", "ώρα",
+		"ϊλιον", "ϋδωρ",
+	};
+	stest *t = *state;
+	histd_search_query q;
+
+	create(t, TA, "g", NULL, 0);
+	append1(t, TA, "g", text_msg(USER, "ΣΊΣΥΦΟΣ ΆΝΘΡΩΠΟΣ ΈΛΑ ΉΛΙΟΣ ΌΧΙ "
+					   "ΎΠΝΟΣ ΏΡΑ ΪΛΙΟΝ ΫΔΩΡ"));
+	append1(t, TA, "g", text_msg(USER, "ο Σίσυφος"));
+	for (size_t i = 0; i < N_OF(q_small); i++) {
+		char what[64];
+
+		q = lex(TA, q_small[i], 5);
+		snprintf(what, sizeof(what), "hits for %s", q_small[i]);
+		expect_eq(count_hits(t, &q), i == 0 ? 2 : 1, what);
+	}
+	q = lex(TA, "ΣΊΣΥΦΟΣ", 5);
+	expect_eq(count_hits(t, &q), 2, "hits for ΣΊΣΥΦΟΣ");
+}
+
 static void search_without_a_word_is_invalid(void **state)
 {
 	stest *t = *state;
@@ -737,6 +764,7 @@ int histd_conformance_search_run(const histd_conformance_fixture *fx)
 	const struct CMUnitTest tests[] = {
 		S(search_finds_known_answers_with_precision_at_k),
 		S(search_is_case_insensitive_and_unicode_aware),
+		S(search_folds_every_greek_capital_and_final_sigma),
 		S(search_without_a_word_is_invalid),
 		S(search_of_an_unknown_tenant_or_session_finds_nothing),
 		S(search_returns_at_most_k_best_first),

@@ -358,6 +358,18 @@ scores_agree_with_the_in_process_index(void **state)
 	histd_driver_close(mem);
 }
 
+/* Session "s" with messages m, stored by a driver closed again: a
+ * database for the test to take back to an older schema. */
+static void
+store_and_close(fixture *f, msg *m, size_t n)
+{
+	f->d = open_pg(f->dsn);
+	create(f->d, "s");
+	append(f->d, "s", m, n);
+	histd_driver_close(f->d);
+	f->d = NULL;
+}
+
 /* A database of schema version 1 with messages: opening migrates it and
  * fills the words of the stored messages and the sums. */
 static void
@@ -371,11 +383,7 @@ messages_stored_before_version_2_are_searchable_after_start(void **state)
 	};
 	char buf[128];
 
-	f->d = open_pg(f->dsn);
-	create(f->d, "s");
-	append(f->d, "s", m, 3);
-	histd_driver_close(f->d);
-	f->d = NULL;
+	store_and_close(f, m, 3);
 	/* Back to version 1: what migration 2 added goes (its indexes with
 	 * its columns). */
 	sql_ok(f->dsn, "ALTER TABLE messages DROP COLUMN tsv, DROP COLUMN tsv_tool,"
@@ -409,6 +417,41 @@ messages_stored_before_version_2_are_searchable_after_start(void **state)
 		histd_search_result_clear(&r);
 	}
 	free_msgs(m, 3);
+}
+
+/* A database of schema version 4, whose words kept Greek capitals with
+ * tonos and final sigma as they were: opening (version 5) makes the words
+ * of those rows again, so the word in small letters finds them, and the
+ * sums stay right. */
+static void
+greek_words_stored_before_version_5_fold_after_start(void **state)
+{
+	fixture *f = *state;
+	msg m[] = {
+		text_msg(HISTD__V1__ROLE__ROLE_USER, "ΣΊΣΥΦΟΣ ΆΝΘΡΩΠΟΣ"),
+		text_msg(HISTD__V1__ROLE__ROLE_USER, "plain words"),
+	};
+	char buf[128], sums[128];
+
+	store_and_close(f, m, 2);
+	sql_text(f->dsn, "SELECT text_docs || ' ' || text_len || ' ' ||"
+		 " any_docs || ' ' || any_len FROM sessions", sums, sizeof(sums));
+	/* The words as version 4 wrote them: capitals with tonos kept,
+	 * final sigma as sigma. */
+	sql_ok(f->dsn, "UPDATE messages SET tsv = $$'σΊσυφοσ':1"
+	       " 'Άνθρωποσ':2$$::tsvector WHERE seq = 1");
+	sql_ok(f->dsn, "UPDATE histd_schema SET version = 4");
+	f->d = open_pg(f->dsn);
+	assert_int_equal(count(f->d, "σίσυφος"), 1);
+	assert_int_equal(count(f->d, "άνθρωπος"), 1);
+	assert_int_equal(count(f->d, "plain"), 1);
+	assert_int_equal(atoi(sql_text(f->dsn, "SELECT version FROM histd_schema",
+				       buf, sizeof(buf))), PG_SCHEMA_VERSION);
+	assert_string_equal(sql_text(f->dsn, "SELECT text_docs || ' ' ||"
+				     " text_len || ' ' || any_docs || ' ' ||"
+				     " any_len FROM sessions", buf, sizeof(buf)),
+			    sums);
+	free_msgs(m, 2);
 }
 
 /* Two instances on one database, as two replicas: a search through one
@@ -605,6 +648,7 @@ main(void)
 		T(messages_store_their_words_and_sessions_the_sums),
 		T(scores_agree_with_the_in_process_index),
 		T(messages_stored_before_version_2_are_searchable_after_start),
+		T(greek_words_stored_before_version_5_fold_after_start),
 		T(what_one_replica_appends_another_finds_at_once),
 		T(embeddings_replace_one_another_and_are_copied_by_fork),
 		T(lexical_search_uses_the_gin_index),
