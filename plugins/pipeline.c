@@ -56,9 +56,6 @@ register_locked(const histd_plugin *p)
 	if (!p->configure)
 		return histd_error_set(HISTD_EINVALID,
 			"plugin %s has no configure hook", p->name);
-	if (!p->release)
-		return histd_error_set(HISTD_EINVALID,
-			"plugin %s has no release hook", p->name);
 	if (!p->transform && !p->after_append && !p->reduce)
 		return histd_error_set(HISTD_EINVALID,
 			"plugin %s has no transform, after_append or reduce "
@@ -193,6 +190,14 @@ add_stage(histd_pipeline *p, const char *name, const histd_plugin_opt *opts,
 			return enomem();
 		return histd_error_set(rc, "%s.%s", where,
 				       err[0] ? err : "options are not valid");
+	}
+	if (s->state && !pl->release) {
+		/* Nothing can free it: a bug of the plugin (plugin.h), not of
+		 * the options. The state is left to the plugin. */
+		s->state = NULL;
+		return histd_error_set(HISTD_EINTERNAL,
+			"%s: plugin %s made a state but has no release hook",
+			where, pl->name);
 	}
 	s->plugin = pl;
 	p->n++;

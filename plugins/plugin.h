@@ -8,8 +8,10 @@
  * name in one registry (pipeline.c): the built-in ones (window, masking,
  * compaction) and those loaded from shared objects at start
  * (histd_plugin_load, loader.c). A plugin is validated once, when it is
- * registered: a known version, a name, configure present, release present
- * whenever configure may allocate.
+ * registered: a known version, a name, configure present, and one of
+ * transform, after_append, reduce. release is required whenever configure
+ * may allocate: a state returned without it is refused (EINTERNAL) where
+ * a pipeline names the plugin.
  *
  * Hooks:
  *   configure     parses one session's options for the plugin into an

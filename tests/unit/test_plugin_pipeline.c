@@ -1321,6 +1321,45 @@ registry_refuses_a_plugin_without_hooks_or_with_a_bad_version(void **state)
 			 HISTD_EEXISTS);
 }
 
+/* v1_configure's, with a state (static: nothing to free). */
+static int
+static_state_configure(const histd_plugin_opt *o, size_t n, void **state,
+		       char *err, size_t cap)
+{
+	static int mine;
+
+	*state = &mine;
+	return v1_configure(o, n, NULL, err, cap);
+}
+
+/* plugin.h: release is required with a non-NULL state only. A plugin
+ * without state registers and runs without one; one that makes a state
+ * it cannot release is refused when a pipeline names it, not called. */
+static void
+release_is_needed_only_by_a_plugin_that_makes_a_state(void **state)
+{
+	static const histd_plugin stateless = {
+		.version = HISTD_PLUGIN_VERSION, .name = "no_state",
+		.configure = v1_configure, .transform = v1_transform };
+	static const histd_plugin leaky = {
+		.version = HISTD_PLUGIN_VERSION, .name = "state_no_release",
+		.configure = static_state_configure,
+		.transform = v1_transform };
+	histd_pipeline *p = NULL;
+
+	(void)state;
+	assert_int_equal(histd_plugin_register(&stateless), 0);
+	p = parse("no_state;window:max_messages=3");
+	assert_int_equal(histd_pipeline_newest_needed(p), 4);
+	histd_pipeline_free(p);
+	assert_int_equal(histd_plugin_register(&leaky), 0);
+	p = NULL;
+	assert_int_equal(histd_pipeline_parse("state_no_release", "test", &p),
+			 HISTD_EINTERNAL);
+	assert_null(p);
+	assert_non_null(strstr(histd_error_message(), "no release hook"));
+}
+
 static void
 a_shared_object_plugin_loads_and_runs_like_a_built_in_one(void **state)
 {
@@ -1418,6 +1457,8 @@ main(void)
 		cmocka_unit_test(the_load_hint_is_the_largest_window_by_messages),
 		cmocka_unit_test(
 			registry_refuses_a_plugin_without_hooks_or_with_a_bad_version),
+		cmocka_unit_test(
+			release_is_needed_only_by_a_plugin_that_makes_a_state),
 		cmocka_unit_test(
 			a_shared_object_plugin_loads_and_runs_like_a_built_in_one),
 	};
