@@ -338,19 +338,21 @@ wake_waiters(hf_wal *w, waiter *x, uint32_t state)
 	waiter *head = NULL, **tail = &head;
 
 	while (x) {
-		/* Read before the store: the waiter may return at once and
-		 * its stack be reused. A wake on a reused word is spurious
-		 * at worst, and futex users recheck. */
+		/* Read all of a waiter before the store: a blocking one may
+		 * return at once and its stack be reused, so after the store
+		 * nothing but its futex word is touched (a wake on a reused
+		 * word is spurious at worst, and futex users recheck). */
 		waiter *next = x->next;
 
-		atomic_store(&x->state, state);
 		if (x->fn) {
+			atomic_store(&x->state, state);
 			if (x->writer)
 				atomic_fetch_sub(&w->inside, 1);
 			x->next = NULL;
 			*tail = x;
 			tail = &x->next;
 		} else {
+			atomic_store(&x->state, state);
 			futex_wake(&x->state);
 		}
 		x = next;
