@@ -129,7 +129,7 @@ struct histd_context {
 	_Atomic(struct sess *) table[BUCKETS];
 	/* Sessions with an automatic check queued, oldest first. */
 	struct sess *qhead, *qtail;
-	int stop;
+	int stop;                  /* set holding lock and sweep_lock */
 	int running;               /* compactions running now */
 	pthread_t *threads;
 	int n_threads;
@@ -2256,13 +2256,14 @@ histd_context_free(histd_context *x)
 
 		atomic_compare_exchange_strong(&no_truncate_driver, &name, NULL);
 	}
+	/* Workers read stop under lock, the sweeper under sweep_lock. */
 	pthread_mutex_lock(&x->lock);
-	x->stop = 1;
-	pthread_cond_broadcast(&x->work);
-	pthread_mutex_unlock(&x->lock);
 	pthread_mutex_lock(&x->sweep_lock);
+	x->stop = 1;
 	pthread_cond_broadcast(&x->sweep_cond);
 	pthread_mutex_unlock(&x->sweep_lock);
+	pthread_cond_broadcast(&x->work);
+	pthread_mutex_unlock(&x->lock);
 	for (int i = 0; i < x->n_threads; i++)
 		pthread_join(x->threads[i], NULL);
 	if (x->have_sweeper)
