@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -251,7 +252,7 @@ append_p99(const char *id, int n)
 	return p;
 }
 
-static volatile int compacting;
+static atomic_int compacting;     /* the compactor thread reads it */
 
 static void *
 compactor(void *arg)
