@@ -74,12 +74,16 @@ static struct {
 static atomic_int n_counters;
 static pthread_mutex_t counters_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* Collectors: added and removed on the main thread while /metrics may
+ * be served, and called by the HTTP thread, all under collectors_mu, so
+ * that one removed is never called after its removal returns. */
 #define MAX_COLLECTORS 8
 static struct {
 	histd_metrics_collector fn;
 	void *ctx;
 } collectors[MAX_COLLECTORS];
 static int n_collectors;
+static pthread_mutex_t collectors_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static struct MHD_Daemon *daemon_;
 
@@ -156,11 +160,28 @@ histd_metrics_counter_add(const char *family, const char *help,
 void
 histd_metrics_add_collector(histd_metrics_collector fn, void *ctx)
 {
+	pthread_mutex_lock(&collectors_mu);
 	if (n_collectors < MAX_COLLECTORS) {
 		collectors[n_collectors].fn = fn;
 		collectors[n_collectors].ctx = ctx;
 		n_collectors++;
 	}
+	pthread_mutex_unlock(&collectors_mu);
+}
+
+void
+histd_metrics_remove_collector(histd_metrics_collector fn, void *ctx)
+{
+	pthread_mutex_lock(&collectors_mu);
+	for (int i = 0; i < n_collectors; i++)
+		if (collectors[i].fn == fn && collectors[i].ctx == ctx) {
+			memmove(&collectors[i], &collectors[i + 1],
+				(size_t)(n_collectors - i - 1) *
+				sizeof(collectors[0]));
+			n_collectors--;
+			break;
+		}
+	pthread_mutex_unlock(&collectors_mu);
 }
 
 static void
@@ -261,8 +282,10 @@ histd_metrics_render(void)
 					(unsigned long long)atomic_load(
 						&counters[j].value));
 	}
+	pthread_mutex_lock(&collectors_mu);
 	for (int i = 0; i < n_collectors; i++)
 		collectors[i].fn(collectors[i].ctx, out);
+	pthread_mutex_unlock(&collectors_mu);
 	fclose(out);
 	return buf;
 }

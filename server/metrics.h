@@ -40,9 +40,13 @@ void histd_metrics_driver(const char *op, int64_t duration_us, int rc);
 void histd_metrics_counter_add(const char *family, const char *help,
 			       const char *labels, uint64_t n);
 
-/* A gauge collector writes Prometheus text lines when /metrics is read. */
+/* A gauge collector writes Prometheus text lines when /metrics is read,
+ * on the HTTP thread; it must not add or remove collectors. Once
+ * histd_metrics_remove_collector returns, fn is not running with ctx and
+ * will not be called with it again: ctx may be freed. */
 typedef void (*histd_metrics_collector)(void *ctx, FILE *out);
 void histd_metrics_add_collector(histd_metrics_collector fn, void *ctx);
+void histd_metrics_remove_collector(histd_metrics_collector fn, void *ctx);
 
 /* The whole exposition, as /metrics serves it (malloc'ed; for tests). */
 char *histd_metrics_render(void);

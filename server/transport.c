@@ -1034,6 +1034,8 @@ histd_server_free(histd_server *s)
 {
 	if (!s)
 		return;
+	/* /metrics may still be served: no scrape reads s from here on. */
+	histd_metrics_remove_collector(collect_gauges, s);
 	free(s->threads);
 	histd_reflection_free(s->refl);
 	histd_tls_free(s->tls);
