@@ -401,13 +401,14 @@ stub_max_concurrent(stub *s)
 	return n;
 }
 
+/* A copy of *field, read under the lock: a request in flight frees it. */
 static char *
-dup_locked(stub *s, const char *v)
+dup_locked(stub *s, char *const *field)
 {
 	char *r;
 
 	pthread_mutex_lock(&s->mu);
-	r = v ? strdup(v) : NULL;
+	r = *field ? strdup(*field) : NULL;
 	pthread_mutex_unlock(&s->mu);
 	return r;
 }
@@ -415,13 +416,13 @@ dup_locked(stub *s, const char *v)
 char *
 stub_last_body(stub *s)
 {
-	return dup_locked(s, s->last_body);
+	return dup_locked(s, &s->last_body);
 }
 
 char *
 stub_last_path(stub *s)
 {
-	return dup_locked(s, s->last_path);
+	return dup_locked(s, &s->last_path);
 }
 
 char *
