@@ -72,7 +72,8 @@ static void *writer_main(void *arg)
 			w->ok++;
 			histd_client_message_free(&resp->base);
 		} else if (st.code == GRPC_STATUS_UNAVAILABLE) {
-			w->unavailable++;
+			/* The main thread polls it. */
+			__atomic_fetch_add(&w->unavailable, 1, __ATOMIC_RELAXED);
 			sleep_ms(5);
 		} else if (st.code == GRPC_STATUS_CANCELLED) {
 			w->cancelled++;
