@@ -142,6 +142,34 @@ struct histd_call {
 	int refl_listed;
 };
 
+/* ThreadSanitizer (HISTD_TSAN) cannot see the order gRPC gives a batch:
+ * started on one thread, its tag comes out of grpc_completion_queue_next
+ * on another, through locks inside gRPC that are not instrumented. So a
+ * batch's start is marked as a release on its tag, and dispatch acquires
+ * the tag it is handed: what was written before the start is ordered
+ * before what its completion reads, and nothing else is. One batch of a
+ * kind is outstanding at a time, so a tag stands for one batch. Likewise
+ * an event sent as a slice is released when handed to gRPC and acquired
+ * by its unref, which gRPC calls on a thread of its own. */
+#ifdef HISTD_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define histd_tsan_release(t) __tsan_release(t)
+#define histd_tsan_acquire(t) __tsan_acquire(t)
+#else
+#define histd_tsan_release(t) ((void)(t))
+#define histd_tsan_acquire(t) ((void)(t))
+#endif
+
+/* grpc_call_start_batch on the call of c, with tag (one of c's). */
+static inline grpc_call_error
+histd_call_start_batch(struct histd_call *c, const grpc_op *ops, size_t n,
+		       struct histd_tag *tag)
+{
+	histd_tsan_release(tag);
+	return grpc_call_start_batch(c->call, ops, n, tag, NULL);
+}
+
 void histd_call_ref(struct histd_call *c);
 void histd_call_unref(struct histd_call *c);
 

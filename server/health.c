@@ -55,8 +55,7 @@ send_status(struct histd_call *c, grpc_status_code code, const char *msg)
 	}
 	n++;
 	histd_call_ref(c);
-	if (grpc_call_start_batch(c->call, ops, n, &c->t_status, NULL) !=
-	    GRPC_CALL_OK)
+	if (histd_call_start_batch(c, ops, n, &c->t_status) != GRPC_CALL_OK)
 		histd_call_unref(c);
 }
 
@@ -100,8 +99,7 @@ kick(struct histd_call *c)
 	histd_call_ref(c);
 	c->in_flight = 1;
 	c->watch_sent = want;
-	if (grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL) !=
-	    GRPC_CALL_OK) {
+	if (histd_call_start_batch(c, ops, n, &c->t_send) != GRPC_CALL_OK) {
 		c->in_flight = 0;
 		grpc_byte_buffer_destroy(c->send_buf);
 		c->send_buf = NULL;
@@ -193,8 +191,7 @@ histd_health_watch_begin(struct histd_call *c)
 	op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
 	op.data.recv_close_on_server.cancelled = &c->cancelled;
 	histd_call_ref(c);
-	if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) !=
-	    GRPC_CALL_OK) {
+	if (histd_call_start_batch(c, &op, 1, &c->t_close) != GRPC_CALL_OK) {
 		histd_call_unref(c);
 		return;
 	}

@@ -65,6 +65,7 @@ replay_free(struct histd_replay *r)
 static void
 event_slice_unref(void *ev)
 {
+	histd_tsan_acquire(ev);
 	histd_event_unref(ev);
 }
 
@@ -93,7 +94,7 @@ start_status(struct histd_call *c)
 	}
 	n++;
 	histd_call_ref(c);
-	err = grpc_call_start_batch(c->call, ops, n, &c->t_status, NULL);
+	err = histd_call_start_batch(c, ops, n, &c->t_status);
 	if (err != GRPC_CALL_OK) {
 		histd_log(HISTD_LOG_ERROR, "start_batch (status) failed",
 			  "error", grpc_call_error_to_string(err), NULL);
@@ -152,6 +153,7 @@ stream_send(void *stream, histd_event *ev)
 		return -1;
 	}
 	histd_event_ref(ev);
+	histd_tsan_release(ev);
 	sl = grpc_slice_new_with_user_data(ev->data, ev->len,
 					   event_slice_unref, ev);
 	c->send_buf = grpc_raw_byte_buffer_create(&sl, 1);
@@ -166,7 +168,7 @@ stream_send(void *stream, histd_event *ev)
 	n++;
 	histd_call_ref(c);
 	c->in_flight = 1;
-	err = grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL);
+	err = histd_call_start_batch(c, ops, n, &c->t_send);
 	if (err != GRPC_CALL_OK) {
 		c->in_flight = 0;
 		grpc_byte_buffer_destroy(c->send_buf);
@@ -206,7 +208,7 @@ stream_more(void *stream)
 	}
 	c->more_pending++;
 	histd_call_ref(c);
-	err = grpc_call_start_batch(c->call, NULL, 0, &c->t_more, NULL);
+	err = histd_call_start_batch(c, NULL, 0, &c->t_more);
 	if (err != GRPC_CALL_OK) {
 		c->more_pending--;
 		pthread_mutex_unlock(&c->mu);
@@ -425,8 +427,7 @@ histd_subscribe_begin(struct histd_call *c)
 	op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
 	op.data.recv_close_on_server.cancelled = &c->cancelled;
 	histd_call_ref(c);
-	if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) !=
-	    GRPC_CALL_OK) {
+	if (histd_call_start_batch(c, &op, 1, &c->t_close) != GRPC_CALL_OK) {
 		histd_call_unref(c);
 		return;
 	}

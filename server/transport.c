@@ -215,7 +215,7 @@ answer(struct histd_call *c, uint8_t *data, size_t len, grpc_status_code code,
 	}
 	n++;
 	histd_call_ref(c);
-	err = grpc_call_start_batch(c->call, ops, n, &c->t_done, NULL);
+	err = histd_call_start_batch(c, ops, n, &c->t_done);
 	if (err != GRPC_CALL_OK) {
 		histd_log(HISTD_LOG_ERROR, "start_batch failed", "error",
 			  grpc_call_error_to_string(err), NULL);
@@ -515,7 +515,7 @@ bidi_finish(struct histd_call *c, grpc_status_code code, const char *details)
 			&c->status_details;
 	}
 	histd_call_ref(c);
-	err = grpc_call_start_batch(c->call, ops, 2, &c->t_done, NULL);
+	err = histd_call_start_batch(c, ops, 2, &c->t_done);
 	if (err != GRPC_CALL_OK)
 		histd_call_unref(c);
 }
@@ -546,7 +546,7 @@ bidi_next(struct histd_call *c, uint8_t *resp, size_t len, int first)
 	ops[n].data.recv_message.recv_message = &c->recv_buf;
 	n++;
 	histd_call_ref(c);
-	err = grpc_call_start_batch(c->call, ops, n, &c->t_recv, NULL);
+	err = histd_call_start_batch(c, ops, n, &c->t_recv);
 	if (err != GRPC_CALL_OK)
 		histd_call_unref(c);
 }
@@ -692,8 +692,10 @@ on_new_call(struct histd_call *c, int ok)
 static void
 dispatch(struct histd_tag *t, int ok)
 {
-	struct histd_call *c = t->call;
+	struct histd_call *c;
 
+	histd_tsan_acquire(t);
+	c = t->call;
 	switch (t->kind) {
 	case TAG_NEW:
 		on_new_call(c, ok);
@@ -751,6 +753,7 @@ post_registered(struct histd_server *s, int r)
 
 	if (!c)
 		return;
+	histd_tsan_release(&c->t_new);
 	/* A bidi method is registered without a payload and must be
 	 * requested without one. */
 	err = grpc_server_request_registered_call(
@@ -773,6 +776,7 @@ post_unknown(struct histd_server *s)
 
 	if (!c)
 		return;
+	histd_tsan_release(&c->t_new);
 	err = grpc_server_request_call(s->server, &c->call, &c->details, &c->md,
 				       s->cq, s->cq, &c->t_new);
 	if (err != GRPC_CALL_OK)
