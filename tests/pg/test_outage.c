@@ -131,7 +131,8 @@ load(void *arg)
 			l->ok[l->n_ok].seq = seq;
 			l->ok[l->n_ok].session = s;
 			snprintf(l->ok[l->n_ok].text, sizeof(l->ok[0].text), "%s", text);
-			l->n_ok++;
+			/* The main thread reads n_ok while this runs. */
+			__atomic_store_n(&l->n_ok, l->n_ok + 1, __ATOMIC_RELAXED);
 			atomic_store(&l->last_ok_ms, t_now_ms());
 		} else if (code == GRPC_STATUS_UNAVAILABLE) {
 			l->n_unavailable++;
@@ -389,13 +390,16 @@ outage(const char *mode)
 	CHECK(ms >= 0, "%s: health not NOT_SERVING within 10 s of the stop", mode);
 	usleep(1500000);
 	for (int i = 0; i < LOADERS; i++)
-		before_ok[i] = l[i].n_ok;
+		before_ok[i] = __atomic_load_n(&l[i].n_ok, __ATOMIC_RELAXED);
 	usleep(1000000);
 	/* Nothing succeeds while it is down. */
-	for (int i = 0; i < LOADERS; i++)
-		CHECK(l[i].n_ok == before_ok[i],
+	for (int i = 0; i < LOADERS; i++) {
+		size_t n_ok = __atomic_load_n(&l[i].n_ok, __ATOMIC_RELAXED);
+
+		CHECK(n_ok == before_ok[i],
 		      "%s: loader %d had %zu appends acknowledged while PostgreSQL was down",
-		      mode, i, l[i].n_ok - before_ok[i]);
+		      mode, i, n_ok - before_ok[i]);
+	}
 
 	/* Up again: recovery without help. */
 	CHECK(pgh_cluster("resume", state, NULL) == 0, "%s: cannot start PostgreSQL", mode);
