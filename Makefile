@@ -3,10 +3,11 @@
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 LISTEN     ?= 127.0.0.1:50051
 
-.PHONY: all deps build run test test-fast test-asan bench clean
+.PHONY: all deps build run test test-fast test-asan test-tsan bench clean
 
 all: build
 
@@ -34,9 +35,20 @@ test-asan: deps
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	ctest --test-dir $(ASAN_BUILD) --output-on-failure -j$(JOBS) -LE nosan
 
+# Every test (but the nosan ones and valgrind's) built with
+# ThreadSanitizer; not part of `make test`. gRPC, libpq, libcurl and
+# libmicrohttpd are not instrumented: the interceptors they call are
+# ignored, and tests/tsan.supp says what else is suppressed and why.
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DHISTD_TSAN=ON >/dev/null
+	cmake --build $(TSAN_BUILD) -j$(JOBS)
+	TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1 history_size=4 \
+	ignore_noninstrumented_modules=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	ctest --test-dir $(TSAN_BUILD) --output-on-failure -j$(JOBS) -LE nosan
+
 bench: build
 	./$(BUILD)/tests/bench/histd-bench --histd ./$(BUILD)/server/histd
 	./$(BUILD)/tests/bench/histd-file-bench --histd ./$(BUILD)/server/histd
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
