@@ -38,7 +38,7 @@ struct histd_auth {
 	pthread_rwlock_t lock;
 	struct keyset *set;
 	struct stat seen;
-	time_t checked;
+	time_t checked;         /* __atomic; written under reload_mu */
 	int missing;            /* the file was gone at the last look */
 	pthread_mutex_t reload_mu;
 };
@@ -238,6 +238,7 @@ maybe_reload(histd_auth *a)
 		return;
 	if (pthread_mutex_trylock(&a->reload_mu) != 0)
 		return;
+	/* Read without the lock by every call: atomic, as its read is. */
 	__atomic_store_n(&a->checked, now, __ATOMIC_RELAXED);
 	if (stat(a->path, &st) != 0) {
 		/* Gone or out of reach: an editor replacing the file, or an

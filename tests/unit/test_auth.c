@@ -2,8 +2,10 @@
  * The API-keys file (server/auth.c): what loads, and what is refused with
  * the line named.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -219,6 +221,59 @@ a_missing_file_keeps_the_keys_held(void **state)
 	histd_auth_free(a);
 }
 
+struct checker {
+	histd_auth *a;
+	atomic_int *stop;
+	long checks, failed;
+};
+
+static void *
+check_loop(void *arg)
+{
+	struct checker *c = arg;
+	const char *tenant;
+	int ro;
+
+	while (!atomic_load(c->stop)) {
+		if (histd_auth_check(c->a, "Bearer " KEY_A,
+				     strlen("Bearer " KEY_A), &tenant, &ro) != 0 ||
+		    strcmp(tenant, "alpha") != 0)
+			c->failed++;
+		c->checks++;
+	}
+	return NULL;
+}
+
+/* Calls check keys on many threads at once, and whichever notices that
+ * two seconds passed reloads the file; the others keep checking. */
+static void
+keys_reload_while_other_threads_check(void **state)
+{
+	histd_auth *a = NULL;
+	atomic_int stop = 0;
+	struct checker c[3];
+	pthread_t t[3];
+
+	(void)state;
+	write_keys(KEY_A " alpha\n");
+	assert_int_equal(histd_auth_new(&a, path), 0);
+	for (int i = 0; i < 3; i++) {
+		c[i] = (struct checker){ .a = a, .stop = &stop };
+		assert_int_equal(pthread_create(&t[i], NULL, check_loop, &c[i]), 0);
+	}
+	write_keys(KEY_A " alpha\n" KEY_B " bravo\n");
+	usleep(2300 * 1000);
+	atomic_store(&stop, 1);
+	for (int i = 0; i < 3; i++)
+		pthread_join(t[i], NULL);
+	for (int i = 0; i < 3; i++) {
+		assert_true(c[i].checks > 0);
+		assert_int_equal(c[i].failed, 0);
+	}
+	assert_int_equal(histd_auth_count(a), 2);
+	histd_auth_free(a);
+}
+
 int
 main(void)
 {
@@ -230,6 +285,7 @@ main(void)
 		cmocka_unit_test(a_long_line_is_one_line),
 		cmocka_unit_test(a_byte_order_mark_is_skipped),
 		cmocka_unit_test(a_missing_file_keeps_the_keys_held),
+		cmocka_unit_test(keys_reload_while_other_threads_check),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
