@@ -140,6 +140,8 @@ struct histd_call {
 	/* Reflection, under srv->refl_mu. */
 	struct histd_call *refl_next, *refl_prev;
 	int refl_listed;
+	/* Under mu: the stream's status was sent; nothing more is started. */
+	int refl_finished;
 };
 
 /* ThreadSanitizer (HISTD_TSAN) cannot see the order gRPC gives a batch:

@@ -520,7 +520,8 @@ bidi_finish(struct histd_call *c, grpc_status_code code, const char *details)
 		histd_call_unref(c);
 }
 
-/* Sends resp (if any) and posts the receive of the next request. */
+/* Sends resp (if any) and posts the receive of the next request; under
+ * c->mu. */
 static void
 bidi_next(struct histd_call *c, uint8_t *resp, size_t len, int first)
 {
@@ -547,8 +548,26 @@ bidi_next(struct histd_call *c, uint8_t *resp, size_t len, int first)
 	n++;
 	histd_call_ref(c);
 	err = histd_call_start_batch(c, ops, n, &c->t_recv);
-	if (err != GRPC_CALL_OK)
+	if (err != GRPC_CALL_OK) {
+		/* Nothing outstanding holds the call now: the shutdown must
+		 * not start a batch on it (its last reference may be going). */
+		c->refl_finished = 1;
 		histd_call_unref(c);
+	}
+}
+
+/* Sends the stream's status once, holding c->mu: the shutdown may end
+ * a stream while its next request is being answered. Until it is sent,
+ * a batch of the stream is outstanding or its handler runs, so the call
+ * holds a reference that reflection_end_all can count on. */
+static void
+reflection_finish(struct histd_call *c, grpc_status_code code,
+		  const char *details)
+{
+	if (!c->refl_finished) {
+		c->refl_finished = 1;
+		bidi_finish(c, code, details);
+	}
 }
 
 static void
@@ -559,38 +578,41 @@ on_reflection_recv(struct histd_call *c, int ok)
 	uint8_t *resp = NULL;
 	size_t len = 0;
 
-	if (!ok || !c->recv_buf) {
+	pthread_mutex_lock(&c->mu);
+	if (c->refl_finished) {
+		/* Ended by the shutdown: its receive comes back empty. */
+	} else if (!ok || !c->recv_buf) {
 		/* The client closed its side (ok), or the call is gone:
 		 * cancelled by the client or by the shutdown. */
-		bidi_finish(c, ok ? GRPC_STATUS_OK :
-			    atomic_load(&c->srv->shutting_down) ?
-			    GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_CANCELLED,
-			    NULL);
-		histd_call_unref(c);
-		return;
+		reflection_finish(c, ok ? GRPC_STATUS_OK :
+				  atomic_load(&c->srv->shutting_down) ?
+				  GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_CANCELLED,
+				  NULL);
+	} else if (!grpc_byte_buffer_reader_init(&reader, c->recv_buf)) {
+		reflection_finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+				  "request does not decode");
+	} else {
+		req = grpc_byte_buffer_reader_readall(&reader);
+		grpc_byte_buffer_reader_destroy(&reader);
+		grpc_byte_buffer_destroy(c->recv_buf);
+		c->recv_buf = NULL;
+		if (histd_reflection_answer(c->srv->refl,
+					    GRPC_SLICE_START_PTR(req),
+					    GRPC_SLICE_LENGTH(req), &resp,
+					    &len) != 0)
+			reflection_finish(c, histd_status_from_error(
+						  HISTD_EINVALID),
+					  histd_error_message());
+		else
+			bidi_next(c, resp, len, 0);
+		grpc_slice_unref(req);
 	}
-	if (!grpc_byte_buffer_reader_init(&reader, c->recv_buf)) {
-		bidi_finish(c, GRPC_STATUS_INVALID_ARGUMENT,
-			    "request does not decode");
-		histd_call_unref(c);
-		return;
-	}
-	req = grpc_byte_buffer_reader_readall(&reader);
-	grpc_byte_buffer_reader_destroy(&reader);
-	grpc_byte_buffer_destroy(c->recv_buf);
-	c->recv_buf = NULL;
-	if (histd_reflection_answer(c->srv->refl, GRPC_SLICE_START_PTR(req),
-				    GRPC_SLICE_LENGTH(req), &resp, &len) != 0)
-		bidi_finish(c, histd_status_from_error(HISTD_EINVALID),
-			    histd_error_message());
-	else
-		bidi_next(c, resp, len, 0);
-	grpc_slice_unref(req);
+	pthread_mutex_unlock(&c->mu);
 	histd_call_unref(c);
 }
 
-/* Lists a new reflection stream; one that starts as shutdown ends them
- * is ended at once. */
+/* Lists a new reflection stream and starts it; one that starts as
+ * shutdown ends them is ended at once. */
 static void
 reflection_list(struct histd_call *c)
 {
@@ -603,9 +625,13 @@ reflection_list(struct histd_call *c)
 		s->reflectors->refl_prev = c;
 	s->reflectors = c;
 	c->refl_listed = 1;
+	pthread_mutex_lock(&c->mu);
 	if (s->refl_closing)
-		grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE,
-					     "server is shutting down", NULL);
+		reflection_finish(c, GRPC_STATUS_UNAVAILABLE,
+				  "server is shutting down");
+	else
+		bidi_next(c, NULL, 0, 1);
+	pthread_mutex_unlock(&c->mu);
 	pthread_mutex_unlock(&s->refl_mu);
 }
 
@@ -628,15 +654,21 @@ reflection_unlist(struct histd_call *c)
 
 /* Shutdown: a reflection stream only waits for its client's next request
  * (grpcui, Postman and REPLs keep one open), so it would hold the exit
- * for the whole grace; it ends with UNAVAILABLE, as Subscribe does. */
+ * for the whole grace; it ends with UNAVAILABLE, as Subscribe does. The
+ * status is sent as a batch, not by cancelling the call: a cancel ends the
+ * call at once, so the exit could close the connection before the
+ * cancel's status was written, and the client saw "Socket closed". */
 static void
 reflection_end_all(struct histd_server *s)
 {
 	pthread_mutex_lock(&s->refl_mu);
 	s->refl_closing = 1;
-	for (struct histd_call *c = s->reflectors; c; c = c->refl_next)
-		grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE,
-					     "server is shutting down", NULL);
+	for (struct histd_call *c = s->reflectors; c; c = c->refl_next) {
+		pthread_mutex_lock(&c->mu);
+		reflection_finish(c, GRPC_STATUS_UNAVAILABLE,
+				  "server is shutting down");
+		pthread_mutex_unlock(&c->mu);
+	}
 	pthread_mutex_unlock(&s->refl_mu);
 }
 
@@ -680,7 +712,6 @@ on_new_call(struct histd_call *c, int ok)
 		break;
 	case ROUTE_REFLECTION:
 		reflection_list(c);
-		bidi_next(c, NULL, 0, 1);
 		break;
 	case ROUTE_UNKNOWN:
 		handle_unknown(c);
