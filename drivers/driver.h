@@ -38,6 +38,9 @@
  *
  * Revisions: a session is created at revision 1; every successful write to
  * it (append, update, clear, replace, summary put) adds exactly 1.
+ * Activity: each of those writes, and truncate, also sets the session's
+ * active_at_us (histd_session) to the server time of the write; create and
+ * fork set it to created_at_us. Embedding puts, reads and deletes do not.
  * Seqs: assigned by the driver, per session, starting at 1, strictly
  * increasing, never reused, not even after clear or replace. (A session
  * deleted and created again under the same id is a new session and starts
@@ -83,6 +86,18 @@ typedef struct histd_session {
 	size_t config_len;
 	int64_t created_at_us;
 	int64_t updated_at_us;
+	/*
+	 * Server time of the session's last change of any kind: created_at_us
+	 * for create and fork, now_us for update, append and replace, the
+	 * driver's clock (histd_now_us) for clear, summary put and truncate.
+	 * Not moved by reads or embedding puts. Unlike updated_at_us (which
+	 * only UpdateSession moves) and a message's created_at (which a
+	 * caller may set), it says when the session was last written: the
+	 * session TTL sweeper judges idleness by it. 0: unknown (data a
+	 * driver stored before it kept this, or a driver that does not keep
+	 * it); callers then fall back to the session's other times.
+	 */
+	int64_t active_at_us;
 	uint64_t revision;
 	/* The last seq ever assigned (0: none). */
 	uint64_t last_seq;
@@ -166,7 +181,9 @@ typedef struct histd_append {
 	 * The key check comes before the revision check. */
 	const char *idempotency_key;
 	const uint8_t *request_hash;   /* HISTD_HASH_LEN bytes */
-	int64_t now_us;                /* for expiry of remembered keys */
+	/* The server time of the call: for expiry of remembered keys, and
+	 * the session's active_at_us after the append or replace. */
+	int64_t now_us;
 	int64_t idem_expires_us;
 	const histd_msg_in *msgs;      /* 1..n messages */
 	size_t n_msgs;
@@ -375,8 +392,8 @@ struct histd_driver {
 	const char *name;
 
 	/* Required. Creates a session from in->tenant, id, context_keys,
-	 * labels, config, created_at_us (updated_at_us = created_at_us) at
-	 * revision 1. EEXISTS if the id exists in the tenant, or if context
+	 * labels, config, created_at_us (updated_at_us = active_at_us =
+	 * created_at_us) at revision 1. EEXISTS if the id exists in the tenant, or if context
 	 * keys are given and another session of the tenant has the same set. */
 	int (*session_create)(histd_driver *d, const histd_session *in,
 			      histd_session **out);
@@ -401,9 +418,9 @@ struct histd_driver {
 			    histd_session_list *out);
 
 	/* Required. Replaces labels (if labels != NULL: the n_labels pairs) and
-	 * config (if config != NULL), sets updated_at_us = now_us, adds 1 to
-	 * the revision. expected_revision as in append (ECONFLICT, with
-	 * *current_revision set). */
+	 * config (if config != NULL), sets updated_at_us = active_at_us =
+	 * now_us, adds 1 to the revision. expected_revision as in append
+	 * (ECONFLICT, with *current_revision set). */
 	int (*session_update)(histd_driver *d, const char *tenant,
 			      const char *id, uint64_t expected_revision,
 			      const histd_kv *labels, size_t n_labels,
@@ -419,7 +436,8 @@ struct histd_driver {
 			      uint64_t *current_revision);
 
 	/* Required. Creates `in` (tenant, id, labels, context_keys,
-	 * created_at_us; config copied from the source) holding the source's
+	 * created_at_us, which is also its updated_at_us and active_at_us;
+	 * config copied from the source) holding the source's
 	 * messages with seq <= up_to_seq (0: all) with their seqs, the
 	 * summaries with covers_to_seq <= up_to_seq, and the tool call state
 	 * of those messages. The fork's last_seq is min(up_to_seq, source

@@ -284,6 +284,7 @@ typedef struct mem_session {
 	uint8_t *config;
 	size_t config_len;
 	int64_t created_at_us, updated_at_us;
+	int64_t active_at_us;           /* histd_session's */
 	uint64_t revision, last_seq, cleared_to_seq;
 	uint64_t token_total, bytes_total;
 
@@ -537,6 +538,7 @@ session_new(mem_driver *m, const histd_session *in)
 		s->config_len = in->config_len;
 	}
 	s->created_at_us = s->updated_at_us = in->created_at_us;
+	s->active_at_us = in->created_at_us;
 	s->revision = 1;
 	return s;
 fail:
@@ -568,6 +570,7 @@ session_export(const mem_session *s, const char *tenant)
 	}
 	o->created_at_us = s->created_at_us;
 	o->updated_at_us = s->updated_at_us;
+	o->active_at_us = s->active_at_us;
 	o->revision = s->revision;
 	o->last_seq = s->last_seq;
 	o->cleared_to_seq = s->cleared_to_seq;
@@ -1424,6 +1427,7 @@ mem_session_update(histd_driver *d, const char *tenant, const char *id,
 		rec_config = NULL;
 	}
 	s->updated_at_us = rec->updated_at_us = now_us;
+	s->active_at_us = rec->active_at_us = now_us;
 	rec->revision = ++s->revision;
 	notify(m, s, tenant, HISTD_CHANGE_UPDATED, NULL, 0, rec);
 	*out = rec;
@@ -1657,6 +1661,7 @@ mem_append(histd_driver *d, const histd_append *a, histd_append_result *res)
 	stage_commit(&st, &s->tools);
 	s->last_seq += k;
 	s->revision++;
+	s->active_at_us = a->now_us;
 	if (klen) {
 		if (e) {
 			idem_unlink(s, e);
@@ -1789,6 +1794,7 @@ mem_clear(histd_driver *d, const char *tenant, const char *id,
 	drop_tools(&s->tools);
 	s->cleared_to_seq = s->last_seq;
 	s->revision++;
+	s->active_at_us = histd_now_us();
 	notify(m, s, tenant, HISTD_CHANGE_CLEARED, NULL, 0, NULL);
 	*revision = s->revision;
 	*cleared_to_seq = s->cleared_to_seq;
@@ -1845,6 +1851,7 @@ mem_replace(histd_driver *d, const histd_append *a, histd_append_result *res,
 	s->cleared_to_seq = s->last_seq;
 	s->last_seq += k;
 	s->revision++;
+	s->active_at_us = a->now_us;
 	notify(m, s, a->tenant, HISTD_CHANGE_REPLACED, s->msgs, k, NULL);
 	res->first_seq = k ? first : 0;
 	res->last_seq = k ? s->last_seq : 0;
@@ -1973,6 +1980,7 @@ mem_truncate(histd_driver *d, const char *tenant, const char *id,
 	if (up_to_seq > s->cleared_to_seq)
 		s->cleared_to_seq = up_to_seq;
 	s->revision++;
+	s->active_at_us = histd_now_us();
 	/* The index forgets the session and reads what is left again: its
 	 * documents can only be dropped wholesale. */
 	ix = s->tenant ? atomic_load(&s->tenant->index) : NULL;
@@ -2018,6 +2026,7 @@ mem_summary_put(histd_driver *d, const char *tenant, const char *id,
 	    (rc = sums_add(s, summary)))
 		goto out;
 	s->revision++;
+	s->active_at_us = histd_now_us();
 	notify(m, s, tenant, HISTD_CHANGE_SUMMARY, &s->sums[s->n_sums - 1], 1,
 	       NULL);
 	*revision = s->revision;
