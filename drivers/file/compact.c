@@ -226,6 +226,7 @@ write_session(snap_writer *w, cap_session *cs)
 	hf_put_bytes(&w->b, r->config, r->config_len);
 	hf_put_varint(&w->b, (uint64_t)r->created_at_us);
 	hf_put_varint(&w->b, (uint64_t)r->updated_at_us);
+	hf_put_varint(&w->b, (uint64_t)r->active_at_us);       /* format 2 */
 	hf_put_varint(&w->b, r->revision);
 	hf_put_varint(&w->b, r->last_seq);
 	hf_put_varint(&w->b, r->cleared_to_seq);

@@ -467,7 +467,7 @@ upd_rec(histd_session *r, upd_vals *v, const histd_kv *labels,
 		r->config_len = config_len;
 	}
 	*v = (upd_vals){ 0 };
-	r->updated_at_us = now_us;
+	r->updated_at_us = r->active_at_us = now_us;
 	r->revision = revision;
 }
 
@@ -569,11 +569,26 @@ lock_session(hf_driver *d, const char *tenant, const char *id,
 	return 0;
 }
 
-/* Begins the log record `type` of session s: tenant, id and the revision
- * it makes. NULL when the log takes nothing (the lock released). */
+/* Begins the log record `type` of session s in b: tenant, id, the
+ * revision it makes and, but for a delete, `at`: the server time of the
+ * change (format 2). */
+static void
+record_head(hf_buf *b, uint8_t type, const char *tenant, const char *id,
+	    const hf_session *s, int64_t at, size_t *mark)
+{
+	*mark = hf_frame_begin(b, type);
+	hf_put_str(b, tenant);
+	hf_put_str(b, id);
+	hf_put_varint(b, s->revision + 1);
+	if (type != HF_T_DELETE)
+		hf_put_varint(b, (uint64_t)at);
+}
+
+/* record_head in the log's buffer. NULL when the log takes nothing (the
+ * lock released). */
 static hf_buf *
 record_begin(hf_driver *d, uint8_t type, const char *tenant, const char *id,
-	     const hf_session *s, size_t *mark)
+	     const hf_session *s, int64_t at, size_t *mark)
 {
 	hf_buf *b = hf_wal_begin(d->wal);
 
@@ -581,10 +596,7 @@ record_begin(hf_driver *d, uint8_t type, const char *tenant, const char *id,
 		pthread_rwlock_unlock(&d->lock);
 		return NULL;
 	}
-	*mark = hf_frame_begin(b, type);
-	hf_put_str(b, tenant);
-	hf_put_str(b, id);
-	hf_put_varint(b, s->revision + 1);
+	record_head(b, type, tenant, id, s, at, mark);
 	return b;
 }
 
@@ -605,14 +617,14 @@ record_end(hf_driver *d, hf_buf *b, size_t mark, enum histd_change_kind kind,
 	return rc;
 }
 
-/* A record of nothing but tenant, id and revision (delete, clear). */
+/* A record of nothing but its head (delete, clear). */
 static int
 record_plain(hf_driver *d, uint8_t type, enum histd_change_kind kind,
 	     const char *tenant, const char *id, const hf_session *s,
-	     hf_note **nt)
+	     int64_t at, hf_note **nt)
 {
 	size_t mark;
-	hf_buf *b = record_begin(d, type, tenant, id, s, &mark);
+	hf_buf *b = record_begin(d, type, tenant, id, s, at, &mark);
 
 	return b ? record_end(d, b, mark, kind, s, nt) : HISTD_EUNAVAILABLE;
 }
@@ -629,7 +641,7 @@ fd_session_delete(histd_driver *dd, const char *tenant, const char *id,
 	if ((rc = lock_session(d, tenant, id, expected_revision,
 			       current_revision, &s)) ||
 	    (rc = record_plain(d, HF_T_DELETE, HISTD_CHANGE_DELETED, tenant, id,
-			       s, &nt)))
+			       s, 0, &nt)))
 		return rc;
 	hf_index_forget(s);
 	hf_session_remove(d, s);
@@ -852,10 +864,8 @@ fd_append(histd_driver *dd, const histd_append *a, histd_append_result *res)
 		rc = HISTD_EUNAVAILABLE;
 		goto out;
 	}
-	mark = hf_frame_begin(b, HF_T_APPEND);
-	hf_put_str(b, a->tenant);
-	hf_put_str(b, a->session_id);
-	hf_put_varint(b, s->revision + 1);
+	record_head(b, HF_T_APPEND, a->tenant, a->session_id, s, a->now_us,
+		    &mark);
 	hf_put_varint(b, first);
 	put_msgs(b, &bt, batch.recs);
 	hf_put_bytes(b, key, klen);
@@ -870,7 +880,7 @@ fd_append(histd_driver *dd, const histd_append *a, histd_append_result *res)
 		goto out;
 
 	/* Nothing below fails. */
-	hf_batch_apply(d, &batch, s);
+	hf_batch_apply(d, &batch, s, a->now_us);
 	hf_index_sync(s);
 	if (klen) {
 		hf_apply_idem(s, e, fresh, a->request_hash, a->idem_expires_us,
@@ -987,14 +997,15 @@ fd_clear(histd_driver *dd, const char *tenant, const char *id,
 	hf_driver *d = (hf_driver *)dd;
 	hf_session *s;
 	hf_note *nt;
+	int64_t at = histd_now_us();
 	int rc;
 
 	if ((rc = lock_session(d, tenant, id, expected_revision,
 			       current_revision, &s)) ||
 	    (rc = record_plain(d, HF_T_CLEAR, HISTD_CHANGE_CLEARED, tenant, id,
-			       s, &nt)))
+			       s, at, &nt)))
 		return rc;
-	hf_apply_clear(d, s);
+	hf_apply_clear(d, s, at);
 	hf_index_clear(s);
 	if (nt)
 		nt->cleared_to_seq = s->cleared_to_seq;
@@ -1036,10 +1047,8 @@ fd_replace(histd_driver *dd, const histd_append *a, histd_append_result *res,
 		rc = HISTD_EUNAVAILABLE;
 		goto out;
 	}
-	mark = hf_frame_begin(b, HF_T_REPLACE);
-	hf_put_str(b, a->tenant);
-	hf_put_str(b, a->session_id);
-	hf_put_varint(b, s->revision + 1);
+	record_head(b, HF_T_REPLACE, a->tenant, a->session_id, s, a->now_us,
+		    &mark);
 	hf_put_varint(b, first);
 	put_msgs(b, &bt, batch.recs);
 	hf_frame_end(b, mark);
@@ -1048,7 +1057,7 @@ fd_replace(histd_driver *dd, const histd_append *a, histd_append_result *res,
 	if ((rc = encoded(d, b, mark, 1, nt)))
 		goto out;
 
-	hf_batch_apply(d, &batch, s);
+	hf_batch_apply(d, &batch, s, a->now_us);
 	hf_index_clear(s);
 	hf_index_sync(s);
 	if (nt)
@@ -1074,6 +1083,7 @@ fd_truncate(histd_driver *dd, const char *tenant, const char *id,
 	    uint64_t *current_revision)
 {
 	hf_driver *d = (hf_driver *)dd;
+	int64_t at = histd_now_us();
 	void **victims;
 	hf_session *s;
 	hf_note *nt;
@@ -1093,7 +1103,7 @@ fd_truncate(histd_driver *dd, const char *tenant, const char *id,
 		up_to_seq = s->last_seq;
 	if (!(victims = malloc((s->tools.n ? s->tools.n : 1) * sizeof(*victims))))
 		return settle(d, 0, enomem());
-	if (!(b = record_begin(d, HF_T_TRUNCATE, tenant, id, s, &mark))) {
+	if (!(b = record_begin(d, HF_T_TRUNCATE, tenant, id, s, at, &mark))) {
 		free(victims);
 		return HISTD_EUNAVAILABLE;
 	}
@@ -1102,7 +1112,7 @@ fd_truncate(histd_driver *dd, const char *tenant, const char *id,
 		free(victims);
 		return rc;
 	}
-	hf_apply_truncate(d, s, up_to_seq, victims);
+	hf_apply_truncate(d, s, up_to_seq, victims, at);
 	free(victims);
 	/* The index drops a session's documents only wholesale: it forgets
 	 * the session and reads what is left again. */
@@ -1127,6 +1137,7 @@ fd_summary_put(histd_driver *dd, const char *tenant, const char *id,
 {
 	hf_driver *d = (hf_driver *)dd;
 	histd_record r = *summary;
+	int64_t at = histd_now_us();
 	hf_session *s;
 	hf_note *nt;
 	size_t mark, off;
@@ -1149,10 +1160,7 @@ fd_summary_put(histd_driver *dd, const char *tenant, const char *id,
 		pthread_rwlock_unlock(&d->lock);
 		return HISTD_EUNAVAILABLE;
 	}
-	mark = hf_frame_begin(b, HF_T_SUMMARY);
-	hf_put_str(b, tenant);
-	hf_put_str(b, id);
-	hf_put_varint(b, s->revision + 1);
+	record_head(b, HF_T_SUMMARY, tenant, id, s, at, &mark);
 	hf_put_varint(b, r.seq);
 	hf_put_varint(b, r.token_estimate);
 	hf_put_varint(b, r.len);
@@ -1165,7 +1173,7 @@ fd_summary_put(histd_driver *dd, const char *tenant, const char *id,
 		pthread_rwlock_unlock(&d->lock);
 		return rc;
 	}
-	hf_apply_summary(s, &r);
+	hf_apply_summary(s, &r, at);
 	hf_session_account(d, s);
 	*revision = s->revision;
 	return commit(d, s, NULL, 0, NULL);

@@ -24,7 +24,13 @@
 /* ---------------------------------------------------------------------- */
 /* Format                                                                  */
 
-#define HF_FORMAT_VERSION 1
+/* 2: every log record that changes a session but update and delete
+ * (those date themselves or need no date) carries the server time of the
+ * change after the revision, and a snapshot's session its active_at_us
+ * after updated_at. Files of version 1 still load (hf_load), their
+ * sessions' activity unknown (0) where version 1 did not record it; new
+ * files are written as version 2, and a version 1 log is never continued. */
+#define HF_FORMAT_VERSION 2
 #define HF_FRAME_HEADER 8
 /* Largest body of one frame: appends above it are refused (ELIMIT). */
 #define HF_FRAME_MAX 0x7ffffff0u
@@ -173,6 +179,7 @@ typedef struct hf_session {
 	uint8_t *config;
 	size_t config_len;
 	int64_t created_at_us, updated_at_us;
+	int64_t active_at_us;   /* histd_session's; 0: unknown */
 	uint64_t revision, last_seq, cleared_to_seq;
 	uint64_t token_total, bytes_total;
 	histd_record *msgs;     /* seq order */
@@ -352,12 +359,14 @@ typedef struct hf_batch {
 int hf_batch_prepare(hf_batch *b, hf_session *s, histd_record *recs,
 		     size_t k, const hf_msgrefs *refs, int replace);
 /* Applies it: the messages are stored, the index updated, the revision
- * bumped. Replace first drops what the session held. */
-void hf_batch_apply(hf_driver *d, hf_batch *b, hf_session *s);
+ * bumped, active_at_us set to at. Replace first drops what the session
+ * held. In these hf_apply_* functions, `at` is the server time of the
+ * change as logged (0 when replaying a version 1 record: unknown). */
+void hf_batch_apply(hf_driver *d, hf_batch *b, hf_session *s, int64_t at);
 void hf_batch_free(hf_driver *d, hf_batch *b);
 
 /* Drops messages, summaries and the tool index; +1 revision. */
-void hf_apply_clear(hf_driver *d, hf_session *s);
+void hf_apply_clear(hf_driver *d, hf_session *s, int64_t at);
 /* Whether a stored message is a system message (the role read from its
  * bytes; one that does not parse is not). Truncate keeps those. */
 int hf_is_system(const histd_record *r);
@@ -371,10 +380,11 @@ int hf_truncate_deletes(const hf_session *s, uint64_t up_to);
  * s->tools.n pointers, scratch. Live calls and replay both use it, so a
  * restart gives the same state. */
 void hf_apply_truncate(hf_driver *d, hf_session *s, uint64_t up_to,
-		       void **victims);
+		       void **victims, int64_t at);
 /* Stores r (its bytes now the session's; room reserved); +1 revision. */
-void hf_apply_summary(hf_session *s, const histd_record *r);
-/* Takes labels (if has_labels) and config (if has_config); +1 revision. */
+void hf_apply_summary(hf_session *s, const histd_record *r, int64_t at);
+/* Takes labels (if has_labels) and config (if has_config); +1 revision;
+ * updated_at_us and active_at_us = now_us. */
 void hf_apply_update(hf_session *s, histd_kv *labels, size_t n_labels,
 		     int has_labels, uint8_t *config, size_t config_len,
 		     int has_config, int64_t now_us);

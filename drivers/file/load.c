@@ -32,6 +32,7 @@ typedef struct replay {
 	char path[4200];
 	uint64_t off;           /* of the frame being applied */
 	int snapshot;
+	uint64_t version;       /* the file's format (HF_FORMAT_VERSION) */
 	/* Snapshots: the session being filled and its final revision. */
 	hf_session *cur;
 	uint64_t cur_revision;
@@ -58,6 +59,14 @@ rd_session(replay *r, hf_rd *rd)
 	if (rd->bad)
 		return NULL;
 	return hf_session_find(r->d, (const char *)t, tl, (const char *)i, il);
+}
+
+/* The server time of a change, which records carry from format 2 on;
+ * 0 (unknown) in an older file. */
+static int64_t
+rd_at(const replay *r, hf_rd *rd)
+{
+	return r->version >= 2 ? (int64_t)hf_get_varint(rd) : 0;
 }
 
 /* The record fields of a session to create, decoded into in (strings the
@@ -345,7 +354,9 @@ static int
 do_batch(replay *r, hf_rd *rd, int replace)
 {
 	hf_session *s = rd_session(r, rd);
-	uint64_t rev = hf_get_varint(rd), first = hf_get_varint(rd);
+	uint64_t rev = hf_get_varint(rd);
+	int64_t at = rd_at(r, rd);
+	uint64_t first = hf_get_varint(rd);
 	msgs m = { .d = r->d, .map = r->map };
 	hf_batch b = { 0 };
 	hf_idem *e = NULL, *fresh = NULL;
@@ -389,7 +400,7 @@ do_batch(replay *r, hf_rd *rd, int replace)
 			goto out;
 		}
 	}
-	hf_batch_apply(r->d, &b, s);
+	hf_batch_apply(r->d, &b, s, at);
 	if (klen)
 		hf_apply_idem(s, e, fresh, hash, expires, first, 0);
 	hf_session_account(r->d, s);
@@ -403,12 +414,13 @@ do_clear(replay *r, hf_rd *rd)
 {
 	hf_session *s = rd_session(r, rd);
 	uint64_t rev = hf_get_varint(rd);
+	int64_t at = rd_at(r, rd);
 
 	if (rd->bad || rd->p != rd->end)
 		return corrupt(r, "does not decode");
 	if (!s || rev != s->revision + 1)
 		return corrupt(r, "does not follow its session's state");
-	hf_apply_clear(r->d, s);
+	hf_apply_clear(r->d, s, at);
 	hf_session_account(r->d, s);
 	return 0;
 }
@@ -417,7 +429,9 @@ static int
 do_truncate(replay *r, hf_rd *rd)
 {
 	hf_session *s = rd_session(r, rd);
-	uint64_t rev = hf_get_varint(rd), up_to = hf_get_varint(rd);
+	uint64_t rev = hf_get_varint(rd);
+	int64_t at = rd_at(r, rd);
+	uint64_t up_to = hf_get_varint(rd);
 	void **victims;
 
 	if (rd->bad || rd->p != rd->end)
@@ -428,7 +442,7 @@ do_truncate(replay *r, hf_rd *rd)
 		return corrupt(r, "does not follow its session's state");
 	if (!(victims = malloc((s->tools.n ? s->tools.n : 1) * sizeof(*victims))))
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
-	hf_apply_truncate(r->d, s, up_to, victims);
+	hf_apply_truncate(r->d, s, up_to, victims, at);
 	free(victims);
 	hf_session_account(r->d, s);
 	return 0;
@@ -439,6 +453,7 @@ do_summary(replay *r, hf_rd *rd)
 {
 	hf_session *s = rd_session(r, rd);
 	uint64_t rev = hf_get_varint(rd);
+	int64_t at = rd_at(r, rd);
 	histd_record rec = { .seq = hf_get_varint(rd) };
 	uint64_t tok = hf_get_varint(rd), len = hf_get_varint(rd);
 
@@ -452,7 +467,7 @@ do_summary(replay *r, hf_rd *rd)
 	    !(rec.data = malloc(len ? len : 1)))
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	memcpy(rec.data, rd->p, len);
-	hf_apply_summary(s, &rec);
+	hf_apply_summary(s, &rec, at);
 	hf_session_account(r->d, s);
 	return 0;
 }
@@ -515,7 +530,12 @@ snap_session(replay *r, hf_rd *rd)
 	if (!s)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	s->updated_at_us = (int64_t)hf_get_varint(rd);
+	s->active_at_us = rd_at(r, rd);
 	r->cur_revision = hf_get_varint(rd);
+	/* Version 1 did not keep it: known only for a session never changed
+	 * since it was created (or forked). */
+	if (r->version < 2 && r->cur_revision == 1)
+		s->active_at_us = s->created_at_us;
 	s->last_seq = hf_get_varint(rd);
 	s->cleared_to_seq = hf_get_varint(rd);
 	n_msgs = hf_get_varint(rd);
@@ -570,7 +590,8 @@ snap_msg(replay *r, hf_rd *rd, int summary)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	}
 	if (summary) {
-		hf_apply_summary(s, &rec);      /* revision: set at the end */
+		/* Revision: set at the end; activity: as recorded. */
+		hf_apply_summary(s, &rec, s->active_at_us);
 	} else {
 		s->msgs[s->n_msgs++] = rec;
 		s->token_total += rec.token_estimate;
@@ -705,10 +726,11 @@ apply_frame(replay *r, const uint8_t *body, uint32_t len)
 	}
 }
 
-/* Whether the header frame at p names this kind and generation. */
+/* Whether the header frame at p names this kind and generation, in a
+ * format this histd reads (1..HF_FORMAT_VERSION, *version). */
 static int
 header_ok(const uint8_t *p, size_t size, const char *magic, uint64_t gen,
-	  size_t *hdr_len)
+	  size_t *hdr_len, uint64_t *version)
 {
 	uint32_t len;
 	hf_rd rd;
@@ -718,8 +740,9 @@ header_ok(const uint8_t *p, size_t size, const char *magic, uint64_t gen,
 		return 0;
 	rd = (hf_rd){ p + HF_FRAME_HEADER + 1, p + HF_FRAME_HEADER + len, 0 };
 	hf_get_raw(&rd, m, sizeof(m));
-	if (memcmp(m, magic, HF_MAGIC_LEN) != 0 ||
-	    hf_get_varint(&rd) != HF_FORMAT_VERSION || hf_get_varint(&rd) != gen ||
+	*version = hf_get_varint(&rd);
+	if (memcmp(m, magic, HF_MAGIC_LEN) != 0 || *version < 1 ||
+	    *version > HF_FORMAT_VERSION || hf_get_varint(&rd) != gen ||
 	    rd.bad)
 		return 0;
 	*hdr_len = HF_FRAME_HEADER + len;
@@ -839,13 +862,15 @@ verified_to(verifier *v, size_t off)
 
 /*
  * Replays one file. last: the last log, whose torn tail is cut (and whose
- * torn header is rewritten). *size_out: its size afterwards.
+ * torn header is rewritten). *size_out: its size afterwards; *version:
+ * its format.
  */
 static int
 replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
-	    uint64_t *size_out)
+	    uint64_t *size_out, uint64_t *version)
 {
-	replay r = { .d = d, .snapshot = snapshot };
+	replay r = { .d = d, .snapshot = snapshot,
+		     .version = HF_FORMAT_VERSION };
 	verifier v = { 0 };
 	char name[64];
 	const uint8_t *p = NULL;
@@ -876,7 +901,8 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 		p = r.map->base;
 	}
 	if (!header_ok(p, size, snapshot ? HF_MAGIC_SNAPSHOT : HF_MAGIC_LOG, gen,
-		       &hdr)) {
+		       &hdr, &r.version)) {
+		r.version = HF_FORMAT_VERSION;  /* rewritten so, below */
 		hf_buf b = { 0 };
 
 		/* A log created just before a crash: nothing in it could
@@ -975,6 +1001,7 @@ out:
 		pthread_join(v.th, NULL);
 	}
 	snap_finish(&r);
+	*version = r.version;
 	if (r.map)
 		r.map->refs--;          /* unmapped by hf_load if unused */
 	if (fd >= 0)
@@ -1159,11 +1186,29 @@ out:
 	return rc;
 }
 
+/* Syncs log-<gen> to the disk. */
+static int
+log_sync(hf_driver *d, uint64_t gen)
+{
+	char name[64];
+	int fd, rc = 0;
+
+	hf_log_name(name, sizeof(name), gen);
+	fd = openat(d->dirfd, name, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || fdatasync(fd) != 0)
+		rc = histd_error_set(HISTD_EUNAVAILABLE, "cannot sync %s/%s: %s",
+				     d->dir, name, strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	return rc;
+}
+
 int
 hf_load(hf_driver *d, int *fd_out, uint64_t *gen_out, uint64_t *size_out)
 {
 	gens logs = { 0 }, snaps = { 0 };
 	uint64_t base = 0, first = 1, last_gen, size = 0;
+	uint64_t version = HF_FORMAT_VERSION;
 	size_t i0 = 0;
 	char name[64];
 	int rc, fd;
@@ -1194,14 +1239,14 @@ hf_load(hf_driver *d, int *fd_out, uint64_t *gen_out, uint64_t *size_out)
 		goto out;
 	}
 	if (base) {
-		if ((rc = replay_file(d, base, 1, 0, &size)))
+		if ((rc = replay_file(d, base, 1, 0, &size, &version)))
 			goto out;
 		d->base_bytes += size;
 	}
 	for (size_t i = i0; i < logs.n; i++) {
 		int last = i + 1 == logs.n;
 
-		if ((rc = replay_file(d, logs.v[i], 0, last, &size)))
+		if ((rc = replay_file(d, logs.v[i], 0, last, &size, &version)))
 			goto out;
 		if (!last)
 			d->base_bytes += size;
@@ -1209,9 +1254,17 @@ hf_load(hf_driver *d, int *fd_out, uint64_t *gen_out, uint64_t *size_out)
 	hf_mapping_sweep(d);
 	if ((rc = hf_remove_before(d, first)))
 		goto out;
-	if (i0 == logs.n) {
-		/* A new directory. */
-		last_gen = first;
+	if (i0 < logs.n && version < HF_FORMAT_VERSION) {
+		/* The last log is of an older format, whose records the next
+		 * ones would not decode as: it ends here (synced, as every
+		 * log before the last is) and the next generation begins. */
+		if ((rc = log_sync(d, logs.v[logs.n - 1])))
+			goto out;
+		d->base_bytes += size;
+	}
+	if (i0 == logs.n || version < HF_FORMAT_VERSION) {
+		/* A new directory, or a new log after an older one. */
+		last_gen = i0 == logs.n ? first : logs.v[logs.n - 1] + 1;
 		fd = hf_log_create(d, last_gen);
 		if (fd < 0) {
 			rc = fd;

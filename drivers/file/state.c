@@ -94,6 +94,7 @@ hf_session_new(const histd_session *in)
 		s->config_len = in->config_len;
 	}
 	s->created_at_us = s->updated_at_us = in->created_at_us;
+	s->active_at_us = in->created_at_us;
 	s->revision = 1;
 	return s;
 fail:
@@ -360,6 +361,7 @@ hf_session_export(const hf_session *s)
 	}
 	o->created_at_us = s->created_at_us;
 	o->updated_at_us = s->updated_at_us;
+	o->active_at_us = s->active_at_us;
 	o->revision = s->revision;
 	o->last_seq = s->last_seq;
 	o->cleared_to_seq = s->cleared_to_seq;
@@ -393,7 +395,7 @@ hf_session_account(hf_driver *d, hf_session *s)
 	 * varint at its longest), so that a fresh snapshot never looks like
 	 * garbage and compaction cannot repeat itself. */
 	if (!s->meta_bytes)
-		s->meta_bytes = 128 + s->tenant->len + s->id_len +
+		s->meta_bytes = 144 + s->tenant->len + s->id_len +
 				kv_bytes(s->ckeys, s->n_ckeys) +
 				kv_bytes(s->labels, s->n_labels) + s->config_len;
 	live = s->meta_bytes +
@@ -589,7 +591,7 @@ fail:
 }
 
 void
-hf_batch_apply(hf_driver *d, hf_batch *b, hf_session *s)
+hf_batch_apply(hf_driver *d, hf_batch *b, hf_session *s, int64_t at)
 {
 	hf_map *tools = &s->tools;
 
@@ -628,6 +630,7 @@ hf_batch_apply(hf_driver *d, hf_batch *b, hf_session *s)
 	}
 	s->last_seq += b->k;
 	s->revision++;
+	s->active_at_us = at;
 	b->k = 0;
 	hf_batch_free(d, b);
 }
@@ -636,7 +639,7 @@ hf_batch_apply(hf_driver *d, hf_batch *b, hf_session *s)
 /* Changes shared by live calls and replay                                 */
 
 void
-hf_apply_clear(hf_driver *d, hf_session *s)
+hf_apply_clear(hf_driver *d, hf_session *s, int64_t at)
 {
 	hf_drop_messages(d, s);
 	hf_drop_summaries(d, s);
@@ -644,6 +647,7 @@ hf_apply_clear(hf_driver *d, hf_session *s)
 	s->tool_bytes = 0;
 	s->cleared_to_seq = s->last_seq;
 	s->revision++;
+	s->active_at_us = at;
 }
 
 int
@@ -672,7 +676,8 @@ stored(const hf_session *s, uint64_t seq)
 }
 
 void
-hf_apply_truncate(hf_driver *d, hf_session *s, uint64_t up_to, void **victims)
+hf_apply_truncate(hf_driver *d, hf_session *s, uint64_t up_to, void **victims,
+		  int64_t at)
 {
 	size_t k = hf_first_after(s->msgs, s->n_msgs, up_to), w = 0, nv = 0;
 
@@ -735,10 +740,11 @@ hf_apply_truncate(hf_driver *d, hf_session *s, uint64_t up_to, void **victims)
 	if (up_to > s->cleared_to_seq)
 		s->cleared_to_seq = up_to;
 	s->revision++;
+	s->active_at_us = at;
 }
 
 void
-hf_apply_summary(hf_session *s, const histd_record *r)
+hf_apply_summary(hf_session *s, const histd_record *r, int64_t at)
 {
 	s->sums[s->n_sums] = *r;
 	/* >=: the newest put wins a tie. */
@@ -747,6 +753,7 @@ hf_apply_summary(hf_session *s, const histd_record *r)
 	s->n_sums++;
 	s->sum_bytes += r->len;
 	s->revision++;
+	s->active_at_us = at;
 }
 
 void
@@ -764,7 +771,7 @@ hf_apply_update(hf_session *s, histd_kv *labels, size_t n_labels,
 		s->config = config;
 		s->config_len = config_len;
 	}
-	s->updated_at_us = now_us;
+	s->updated_at_us = s->active_at_us = now_us;
 	s->revision++;
 	s->meta_bytes = 0;
 }
@@ -815,7 +822,7 @@ hf_fork_build(const hf_session *src, uint64_t up_to_seq,
 		    !(c.data = malloc(r->len ? r->len : 1)))
 			goto fail;
 		memcpy(c.data, r->data, r->len);
-		hf_apply_summary(f, &c);
+		hf_apply_summary(f, &c, f->active_at_us);
 	}
 	f->revision = 1;        /* hf_apply_summary counted the copies */
 	/* The tool calls the copied messages issued, answered only if the

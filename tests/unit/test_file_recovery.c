@@ -29,6 +29,8 @@
 
 #include "driver.h"
 #include "file/file.h"
+#include "file/internal.h"
+#include "histd_wire.h"
 
 #define LOG1 "log-0000000000000001.hsd"
 
@@ -1316,6 +1318,206 @@ zeros_written_ahead_are_the_clean_end_after_a_kill(void **state)
 	free(dir);
 }
 
+/* ---------------------------------------------------------------------- */
+/* Files of format version 1 (before sessions kept their activity time)    */
+
+#define V1_T1 INT64_C(1600000000000000)   /* created */
+#define V1_T2 INT64_C(1600000000500000)   /* updated */
+
+/* The first frame of a version 1 file. */
+static void
+v1_header(hf_buf *b, const char *magic, uint64_t gen)
+{
+	size_t m = hf_frame_begin(b, HF_T_FILE);
+
+	hf_put_raw(b, magic, HF_MAGIC_LEN);
+	hf_put_varint(b, 1);
+	hf_put_varint(b, gen);
+	hf_frame_end(b, m);
+}
+
+/* The record fields of a session (CREATE, S_SESSION), tenant first. */
+static void
+v1_session_fields(hf_buf *b, const char *id)
+{
+	hf_put_str(b, "t");
+	hf_put_str(b, id);
+	hf_put_kv(b, NULL, 0);
+	hf_put_kv(b, NULL, 0);
+	hf_put_bytes(b, NULL, 0);
+	hf_put_varint(b, (uint64_t)V1_T1);
+}
+
+static void
+v1_create(hf_buf *b, const char *id)
+{
+	size_t m = hf_frame_begin(b, HF_T_CREATE);
+
+	v1_session_fields(b, id);
+	hf_frame_end(b, m);
+}
+
+/* Tenant, id, revision: how every version 1 change record begins. */
+static size_t
+v1_change(hf_buf *b, uint8_t type, const char *id, uint64_t rev)
+{
+	size_t m = hf_frame_begin(b, type);
+
+	hf_put_str(b, "t");
+	hf_put_str(b, id);
+	hf_put_varint(b, rev);
+	return m;
+}
+
+/* An append of one message (seq first) with no tool ids and no key. */
+static void
+v1_append(hf_buf *b, const char *id, uint64_t rev, uint64_t seq,
+	  const char *text)
+{
+	size_t m = v1_change(b, HF_T_APPEND, id, rev), len;
+	msg body;
+	histd_msg_in in = msg_in(&body, text, NULL, NULL);
+	uint8_t *rec = histd_wire_with_seq(seq, in.data, in.len, &len);
+
+	assert_non_null(rec);
+	hf_put_varint(b, seq);
+	hf_put_varint(b, 1);
+	hf_put_varint(b, in.token_estimate);
+	hf_put_bytes(b, rec, len);
+	hf_put_varint(b, 0);
+	hf_put_varint(b, 0);
+	hf_put_bytes(b, NULL, 0);
+	hf_frame_end(b, m);
+	free(rec);
+}
+
+static void
+v1_write(const char *dir, const char *name, hf_buf *b)
+{
+	char path[512];
+
+	assert_false(b->oom);
+	path_in(path, sizeof(path), dir, name);
+	write_file(path, b->p, b->len);
+	hf_buf_free(b);
+}
+
+/* The session's active_at_us, once it is checked to hold n messages. */
+static int64_t
+active_at(histd_driver *d, const char *id, size_t n)
+{
+	histd_read q = { .tenant = "t", .session_id = id, .want_session = 1 };
+	histd_read_result r = { 0 };
+	int64_t at;
+
+	assert_int_equal(histd_driver_read(d, &q, &r), 0);
+	assert_non_null(r.session);
+	assert_int_equal(r.records.n, n);
+	at = r.session->active_at_us;
+	histd_read_result_clear(&r);
+	return at;
+}
+
+/*
+ * A data directory of version 1 (a snapshot and a log after it) loads:
+ * what it holds is all there, each session's activity known where version
+ * 1 recorded it (a create, an update) and 0 (unknown) where it did not.
+ * The version 1 log is not continued: writes go to a new log, of version
+ * 2, and the mixed directory loads, also after a compaction.
+ */
+static void
+version_1_files_load_and_new_writes_go_to_a_version_2_log(void **state)
+{
+	char *dir = tmpdir_new(), log2[512];
+	hf_buf b = { 0 };
+	size_t m;
+	histd_driver *d;
+	histd_append_result res;
+	uint64_t rev, cleared, cur;
+	int64_t before;
+
+	(void)state;
+	/* snapshot-1: "old" (changed since its create: activity unknown),
+	 * "fresh" (never changed: its create is its last change). */
+	v1_header(&b, HF_MAGIC_SNAPSHOT, 1);
+	m = hf_frame_begin(&b, HF_T_S_SESSION);
+	v1_session_fields(&b, "old");
+	hf_put_varint(&b, (uint64_t)V1_T2);    /* updated_at */
+	hf_put_varint(&b, 3);                  /* revision */
+	hf_put_varint(&b, 2);                  /* last_seq */
+	hf_put_varint(&b, 2);                  /* cleared_to_seq */
+	hf_put_varint(&b, 0);                  /* messages */
+	hf_frame_end(&b, m);
+	m = hf_frame_begin(&b, HF_T_S_SESSION);
+	v1_session_fields(&b, "fresh");
+	hf_put_varint(&b, (uint64_t)V1_T1);
+	hf_put_varint(&b, 1);
+	hf_put_varint(&b, 0);
+	hf_put_varint(&b, 0);
+	hf_put_varint(&b, 0);
+	hf_frame_end(&b, m);
+	m = hf_frame_begin(&b, HF_T_S_END);
+	hf_put_varint(&b, 2);
+	hf_put_varint(&b, 2);
+	hf_frame_end(&b, m);
+	v1_write(dir, "snapshot-0000000000000001.hsd", &b);
+
+	/* log-1: "a" created and appended to, "b" created and updated, "c"
+	 * created and cleared, "old" appended to. */
+	v1_header(&b, HF_MAGIC_LOG, 1);
+	v1_create(&b, "a");
+	v1_append(&b, "a", 2, 1, "imported long ago");
+	v1_create(&b, "b");
+	m = v1_change(&b, HF_T_UPDATE, "b", 2);
+	hf_put_varint(&b, (uint64_t)V1_T2);
+	hf_put_u8(&b, 0);
+	hf_put_kv(&b, NULL, 0);
+	hf_put_u8(&b, 0);
+	hf_put_bytes(&b, NULL, 0);
+	hf_frame_end(&b, m);
+	v1_create(&b, "c");
+	v1_append(&b, "c", 2, 1, "soon cleared");
+	m = v1_change(&b, HF_T_CLEAR, "c", 3);
+	hf_frame_end(&b, m);
+	v1_append(&b, "old", 4, 3, "after the snapshot");
+	v1_write(dir, LOG1, &b);
+
+	d = must_open(dir);
+	assert_int_equal(active_at(d, "a", 1), 0);
+	assert_int_equal(active_at(d, "b", 0), V1_T2);
+	assert_int_equal(active_at(d, "c", 0), 0);
+	assert_int_equal(active_at(d, "old", 1), 0);
+	assert_int_equal(active_at(d, "fresh", 0), V1_T1);
+	/* Writes now: dated, in log-2 of version 2. */
+	path_in(log2, sizeof(log2), dir, "log-0000000000000002.hsd");
+	assert_int_equal(file_size(log2) > 0, 1);
+	assert_int_equal(append(d, "t", "a", NULL, 0, "new", NULL, NULL, &res), 0);
+	before = histd_now_us();
+	assert_int_equal(histd_driver_clear(d, "t", "c", 0, &rev, &cleared,
+					    &cur), 0);
+	histd_driver_close(d);
+
+	/* The mixed directory: log-1 (version 1), log-2 (version 2). */
+	d = must_open(dir);
+	assert_int_equal(active_at(d, "a", 2), 1700000000000000LL);
+	assert_true(active_at(d, "c", 0) >= before);
+	assert_int_equal(active_at(d, "b", 0), V1_T2);
+	assert_int_equal(active_at(d, "old", 1), 0);
+	before = active_at(d, "c", 0);
+	/* A compaction writes it all as version 2. */
+	assert_int_equal(histd_file_driver_compact(d), 0);
+	histd_driver_close(d);
+	d = must_open(dir);
+	assert_int_equal(active_at(d, "a", 2), 1700000000000000LL);
+	assert_int_equal(active_at(d, "c", 0), before);
+	assert_int_equal(active_at(d, "b", 0), V1_T2);
+	assert_int_equal(active_at(d, "old", 1), 0);
+	assert_int_equal(active_at(d, "fresh", 0), V1_T1);
+	histd_driver_close(d);
+	rm_rf(dir);
+	free(dir);
+}
+
 int
 main(void)
 {
@@ -1339,6 +1541,7 @@ main(void)
 		cmocka_unit_test(embeddings_survive_reopen_and_compaction),
 		cmocka_unit_test(kill_during_compaction_loses_nothing_acknowledged),
 		cmocka_unit_test(zeros_written_ahead_are_the_clean_end_after_a_kill),
+		cmocka_unit_test(version_1_files_load_and_new_writes_go_to_a_version_2_log),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
