@@ -2015,8 +2015,10 @@ histd_context_wait_idle(histd_context *x, int timeout_ms)
 /* ---------------------------------------------------------------------- */
 /* TTL                                                                     */
 
-/* The newest activity of a session: updated_at, its newest message's
- * created_at, an append this process saw. */
+/* The newest activity of a session: the time storage keeps of its last
+ * change (active_at), or, where that is unknown (0: stored before the
+ * driver kept it), updated_at and its newest message's created_at, read
+ * back; and an append this process saw. */
 static int64_t
 last_activity(histd_context *x, const histd_session *sr)
 {
@@ -2028,7 +2030,10 @@ last_activity(histd_context *x, const histd_session *sr)
 
 	if (sr->created_at_us > t)
 		t = sr->created_at_us;
-	if (!histd_driver_read(x->d, &q, &res) && res.records.n) {
+	if (sr->active_at_us > 0) {
+		if (sr->active_at_us > t)
+			t = sr->active_at_us;
+	} else if (!histd_driver_read(x->d, &q, &res) && res.records.n) {
 		Histd__V1__Message *m = histd__v1__message__unpack(NULL,
 			res.records.v[0].len, res.records.v[0].data);
 
