@@ -133,6 +133,7 @@ typedef struct bsess {
 	/* BM25's sums (search.c): messages with main text, their tokens;
 	 * messages with any text, their tokens. */
 	uint64_t text_docs, text_len, any_docs, any_len;
+	int64_t active_at;      /* now_us of its last request written */
 	int written;
 } bsess;
 
@@ -536,6 +537,7 @@ apply(batch *b, pg_req *rq)
 		}
 	}
 	s->last_seq = seq;
+	s->active_at = a->now_us;
 	s->written = 1;
 	rq->res.first_seq = a->n_msgs ? s->last_seq - a->n_msgs + 1 : 0;
 	rq->res.last_seq = a->n_msgs ? s->last_seq : 0;
@@ -819,7 +821,7 @@ static int
 write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 {
 	pg_array c_sid, c_id, c_seq, c_res, s_sid, s_rev, s_last, s_mc, s_tt,
-		 s_bt, s_fs, s_td, s_tl, s_ad, s_al, notes;
+		 s_bt, s_fs, s_td, s_tl, s_ad, s_al, s_at, notes;
 	pg_params pw = { 0 }, pm = { 0 }, pc = { 0 }, pa = { 0 }, ps = { 0 },
 		  pi = { 0 }, pn = { 0 };
 	PGresult *res[8] = { 0 };
@@ -842,6 +844,7 @@ write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 	pg_arr_init(&s_tl, PG_OID_INT8);
 	pg_arr_init(&s_ad, PG_OID_INT8);
 	pg_arr_init(&s_al, PG_OID_INT8);
+	pg_arr_init(&s_at, PG_OID_TIMESTAMPTZ);
 	pg_arr_init(&notes, PG_OID_TEXT);
 	for (size_t i = 0; i < b->n_calls; i++) {
 		pg_arr_i64(&c_sid, b->calls[i].sid);
@@ -869,6 +872,7 @@ write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 		pg_arr_i64(&s_tl, (int64_t)x->text_len);
 		pg_arr_i64(&s_ad, (int64_t)x->any_docs);
 		pg_arr_i64(&s_al, (int64_t)x->any_len);
+		pg_arr_ts(&s_at, x->active_at);
 		if (replace) {
 			replace_sid = x->sid;
 			replace_rev = x->revision;
@@ -907,7 +911,8 @@ write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 	    pg_arr_finish(&s_tt) || pg_arr_finish(&s_bt) ||
 	    pg_arr_finish(&s_fs) || pg_arr_finish(&s_td) ||
 	    pg_arr_finish(&s_tl) || pg_arr_finish(&s_ad) ||
-	    pg_arr_finish(&s_al) || pg_arr_finish(&notes)) {
+	    pg_arr_finish(&s_al) || pg_arr_finish(&s_at) ||
+	    pg_arr_finish(&notes)) {
 		rc = histd_error_set(HISTD_ENOMEM, "out of memory");
 		goto out;
 	}
@@ -945,6 +950,7 @@ write_all(pg_driver *d, pg_conn *c, batch *b, int *retry, int *commit_sent)
 	pg_p_array(&ps, &s_tl);
 	pg_p_array(&ps, &s_ad);
 	pg_p_array(&ps, &s_al);
+	pg_p_array(&ps, &s_at);
 	pg_p_array(&pi, &b->i_sid);
 	pg_p_array(&pi, &b->i_key);
 	pg_p_array(&pi, &b->i_hash);
@@ -990,6 +996,7 @@ out:
 	pg_arr_free(&s_tl);
 	pg_arr_free(&s_ad);
 	pg_arr_free(&s_al);
+	pg_arr_free(&s_at);
 	pg_arr_free(&notes);
 	return rc;
 }
@@ -1291,6 +1298,7 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	pg_params p = { 0 };
 	char origin[24];
 	PGresult *r = NULL;
+	int64_t at = 0;         /* the batch's time: its newest now_us */
 	int rc = 0;
 
 	pg_arr_init(&tenant, PG_OID_TEXT);
@@ -1313,6 +1321,8 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 		const histd_append *a = f->req[r]->a;
 		int64_t tok = 0;
 
+		if (a->now_us > at)
+			at = a->now_us;
 		f->req[r]->accepted = 0;
 		f->over[r] = 0;
 		for (size_t i = 0; i < a->n_msgs; i++) {
@@ -1359,6 +1369,7 @@ fast_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 			pg_p_i64(&p, (int64_t)f->d->max_msgs);
 			pg_p_i64(&p, (int64_t)f->d->max_bytes);
 		}
+		pg_p_ts(&p, at);        /* the last parameter of both */
 		snprintf(origin, sizeof(origin), "%016" PRIx64, f->origin);
 		pg_p_array(&np, &tenant);
 		pg_p_array(&np, &id);

@@ -272,7 +272,7 @@ void pg_rollback(pg_driver *d, pg_conn *c);
 /* Schema (schema.c)                                                       */
 
 /* The schema version this binary writes. */
-#define PG_SCHEMA_VERSION 5
+#define PG_SCHEMA_VERSION 6
 
 /* Creates or upgrades the schema under an advisory lock; refuses (EINVALID)
  * a database whose schema is newer than this binary. */
@@ -292,8 +292,8 @@ extern const char *const pg_stmt_name[ST_COUNT];
 	"s.sid, s.tenant, s.id, s.context_keys, s.labels, s.config, " \
 	"s.created_at, s.updated_at, s.revision, s.last_seq, " \
 	"s.cleared_to_seq, s.message_count, s.token_total, s.bytes_total, " \
-	"s.first_seq, s.summary_count"
-#define PG_SESSION_NCOLS 16
+	"s.first_seq, s.summary_count, s.active_at"
+#define PG_SESSION_NCOLS 17
 
 /* Builds *out from the row; *sid (may be NULL) gets the internal id.
  * 0, ENOMEM or ECORRUPT (unreadable JSON). */

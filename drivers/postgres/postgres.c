@@ -1000,6 +1000,7 @@ clear_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	if (rc)
 		return rc;
 	pg_p_i64(&p, a->l.sid);
+	pg_p_ts(&p, histd_now_us());    /* active_at: clear carries no time */
 	rc = write_commit(d, c, ST_CLEAR, &p, HISTD_CHANGE_CLEARED,
 			  a->l.revision + 1, a->l.sid, &r, retry, commit_sent);
 	if (rc)
@@ -1094,6 +1095,7 @@ truncate_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	pg_p_i64(&w, a->l.sid);
 	pg_p_i64(&w, up_to);
 	pg_p_i64(&w, (int64_t)a->l.revision + 1);
+	pg_p_ts(&w, histd_now_us());
 	rc = write_commit(d, c, ST_TRUNCATE, &w, HISTD_CHANGE_CLEARED,
 			  a->l.revision + 1, a->l.sid, &r, retry, commit_sent);
 	if (rc)
@@ -1159,6 +1161,7 @@ summary_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	pg_p_i64(&p, (int64_t)a->summary->seq);
 	pg_p_i32(&p, (int32_t)a->summary->token_estimate);
 	pg_p_bytes(&p, a->summary->data, a->summary->len);
+	pg_p_ts(&p, histd_now_us());
 	return write_commit(d, c, ST_SUMMARY_PUT, &p, HISTD_CHANGE_SUMMARY,
 			    a->l.revision + 1, a->l.sid, NULL, retry, commit_sent);
 }

@@ -199,6 +199,7 @@ pg_row_session(const PGresult *r, int row, int col, histd_session **out,
 	s->bytes_total = (uint64_t)pg_r_i64(r, row, col + 13);
 	s->first_seq = (uint64_t)pg_r_i64(r, row, col + 14);
 	s->summary_count = (uint64_t)pg_r_i64(r, row, col + 15);
+	s->active_at_us = pg_r_ts(r, row, col + 16);    /* NULL: 0, unknown */
 	*out = s;
 	return 0;
 }

@@ -31,6 +31,10 @@
  * - sessions.truncate_revision tells a clear (clear_revision) from a
  *   truncate, which keeps system messages: a replica catching up must
  *   know which one it missed (watch.c).
+ * - sessions.active_at is the server time of the session's last change
+ *   (histd_session.active_at_us): every statement that moves revision
+ *   sets it, in the same row update, so the TTL sweeper needs no read of
+ *   messages. NULL for rows last written before schema version 6.
  */
 #include "pg.h"
 
@@ -172,6 +176,12 @@ static const char *const migrations[] = {
 	"\\u03AA\\u03AB\\u03C2]'"
 	"  OR tsv_tool::text ~ '[\\u0386\\u0388-\\u038A\\u038C\\u038E"
 	"\\u038F\\u03AA\\u03AB\\u03C2]';",
+
+	/* 6: the server time of each session's last change, for the
+	 * session TTL. Nullable, no default: rewrites nothing; NULL (rows
+	 * written before) is unknown, and the sweeper dates those sessions
+	 * as before, by their newest message. */
+	"ALTER TABLE sessions ADD COLUMN active_at timestamptz;",
 };
 
 #define N_MIGRATIONS (sizeof(migrations) / sizeof(migrations[0]))
@@ -258,7 +268,7 @@ fail:
 /* A session row's columns as NULLs, for the message branch of a UNION. */
 #define NULL_SESSION \
 	"NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, " \
-	"NULL, NULL, NULL, NULL, NULL, NULL"
+	"NULL, NULL, NULL, NULL, NULL, NULL, NULL"
 
 /* The size of seq x as a protobuf varint (x: an SQL expression). */
 #define VARINT_LEN(x) \
@@ -362,8 +372,9 @@ const char *const pg_stmt_name[ST_COUNT] = {
 	"  $4::int8[]) WITH ORDINALITY AS r(tenant, id, n, tokens, ord)),"
 
 /* The writes of a fast-path batch, given `plan`: a row per request to
- * apply (ord, sid, n, tokens, base: the seq before its first, rev). */
-#define FAST_WRITE \
+ * apply (ord, sid, n, tokens, base: the seq before its first, rev); `at`:
+ * the parameter of the batch's time (its sessions' active_at). */
+#define FAST_WRITE(at) \
 	" ins AS (INSERT INTO messages (sid, seq, revision, role, author," \
 	"  created_at, token_estimate, data, tsv, tsv_tool, tsv_len," \
 	"  tsv_tool_len)" \
@@ -386,6 +397,7 @@ const char *const pg_stmt_name[ST_COUNT] = {
 	"  (SELECT sum(len) FROM ins WHERE ins.sid = p.sid)::int8 AS bytes" \
 	"  FROM plan p GROUP BY p.sid)," \
 	" upd AS (UPDATE sessions AS s SET revision = a.rev," \
+	"  active_at = " at "::timestamptz," \
 	"  last_seq = a.last_seq, message_count = s.message_count + a.n," \
 	"  token_total = s.token_total + a.tokens," \
 	"  bytes_total = s.bytes_total + a.bytes," \
@@ -408,9 +420,9 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	 * $6 created_at */
 	[ST_SESSION_CREATE] =
 	"INSERT INTO sessions AS s (tenant, id, context_keys, labels, config,"
-	" created_at, updated_at, revision)"
+	" created_at, updated_at, active_at, revision)"
 	" VALUES ($1, $2, $3::jsonb, $4::jsonb, $5::bytea, $6::timestamptz,"
-	" $6::timestamptz, 1)"
+	" $6::timestamptz, $6::timestamptz, 1)"
 	" RETURNING " PG_SESSION_COLS,
 
 	/* As ST_SESSION_CREATE, under the tenant's lock (ST_TENANT_LOCK, an
@@ -422,9 +434,10 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	[ST_SESSION_CREATE_LIMITED] =
 	"WITH n AS (SELECT count(*) AS n FROM sessions WHERE tenant = $1::text),"
 	" ins AS (INSERT INTO sessions AS s (tenant, id, context_keys, labels,"
-	"  config, created_at, updated_at, revision)"
+	"  config, created_at, updated_at, active_at, revision)"
 	"  SELECT $1::text, $2::text, $3::jsonb, $4::jsonb, $5::bytea,"
-	"  $6::timestamptz, $6::timestamptz, 1 FROM n WHERE n.n < $7::int8"
+	"  $6::timestamptz, $6::timestamptz, $6::timestamptz, 1 FROM n"
+	"  WHERE n.n < $7::int8"
 	"  RETURNING " PG_SESSION_COLS ")"
 	" SELECT n.n, " TAKEN("n.n < $7::int8") ", ins.*"
 	" FROM n LEFT JOIN ins ON true",
@@ -436,9 +449,9 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	/* As ST_SESSION_CREATE; nothing when the keys are taken. */
 	[ST_SESSION_RESOLVE] =
 	"INSERT INTO sessions AS s (tenant, id, context_keys, labels, config,"
-	" created_at, updated_at, revision)"
+	" created_at, updated_at, active_at, revision)"
 	" VALUES ($1, $2, $3::jsonb, $4::jsonb, $5::bytea, $6::timestamptz,"
-	" $6::timestamptz, 1)"
+	" $6::timestamptz, $6::timestamptz, 1)"
 	" " KEYS_CONFLICT " DO NOTHING"
 	" RETURNING " PG_SESSION_COLS,
 
@@ -447,9 +460,10 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	[ST_SESSION_RESOLVE_LIMITED] =
 	"WITH n AS (SELECT count(*) AS n FROM sessions WHERE tenant = $1::text),"
 	" ins AS (INSERT INTO sessions AS s (tenant, id, context_keys, labels,"
-	"  config, created_at, updated_at, revision)"
+	"  config, created_at, updated_at, active_at, revision)"
 	"  SELECT $1::text, $2::text, $3::jsonb, $4::jsonb, $5::bytea,"
-	"  $6::timestamptz, $6::timestamptz, 1 FROM n WHERE n.n < $7::int8"
+	"  $6::timestamptz, $6::timestamptz, $6::timestamptz, 1 FROM n"
+	"  WHERE n.n < $7::int8"
 	"  " KEYS_CONFLICT " DO NOTHING"
 	"  RETURNING " PG_SESSION_COLS ")"
 	" SELECT n.n, CASE WHEN n.n < $7::int8 THEN 0"
@@ -495,7 +509,8 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	[ST_SESSION_UPDATE] =
 	"UPDATE sessions AS s SET labels = COALESCE($2::jsonb, s.labels),"
 	" config = CASE WHEN $3::bool THEN $4::bytea ELSE s.config END,"
-	" updated_at = $5::timestamptz, revision = s.revision + 1,"
+	" updated_at = $5::timestamptz, active_at = $5::timestamptz,"
+	" revision = s.revision + 1,"
 	" meta_revision = s.revision + 1"
 	" WHERE s.sid = $1::int8 RETURNING " PG_SESSION_COLS,
 
@@ -541,7 +556,7 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" cleared_to_seq = last_seq, message_count = 0, token_total = 0,"
 	" bytes_total = 0, first_seq = 0, summary_count = 0,"
 	" text_docs = 0, text_len = 0, any_docs = 0, any_len = 0,"
-	" clear_revision = revision + 1"
+	" clear_revision = revision + 1, active_at = $2::timestamptz"
 	" WHERE sid = $1::int8 RETURNING revision, cleared_to_seq",
 
 	/* Whether truncate ($1 tenant, $2 id, $3 up_to_seq) has anything to
@@ -553,7 +568,7 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" FROM sessions WHERE tenant = $1 AND id = $2) AND seq <= $3::int8"
 	" AND role <> " ROLE_SYSTEM ")",
 
-	/* $1 sid, $2 up_to_seq, $3 the new revision. Deletes the messages at
+	/* $1 sid, $2 up_to_seq, $3 the new revision, $4 its time. Deletes the messages at
 	 * or below the seq that are not system ones (their vectors are
 	 * columns), the tool calls they issued, the summaries covering no
 	 * later seq; the stats drop by what was deleted. The statement sees
@@ -585,15 +600,16 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" summary_count = s.summary_count - (SELECT count(*) FROM u),"
 	" text_docs = s.text_docs - a.td, text_len = s.text_len - a.tl,"
 	" any_docs = s.any_docs - a.ad, any_len = s.any_len - a.al,"
-	" truncate_revision = $3::int8"
+	" truncate_revision = $3::int8, active_at = $4::timestamptz"
 	" FROM a WHERE s.sid = $1::int8 RETURNING s.revision, s.cleared_to_seq",
 
-	/* $1 sid, $2 new revision, $3 covers_to_seq, $4 tokens, $5 data */
+	/* $1 sid, $2 new revision, $3 covers_to_seq, $4 tokens, $5 data,
+	 * $6 its time */
 	[ST_SUMMARY_PUT] =
 	"WITH ins AS (INSERT INTO summaries (sid, revision, covers_to_seq,"
 	" token_estimate, data) VALUES ($1::int8, $2::int8, $3::int8, $4::int4,"
 	" $5::bytea))"
-	" UPDATE sessions SET revision = $2::int8,"
+	" UPDATE sessions SET revision = $2::int8, active_at = $6::timestamptz,"
 	" summary_count = summary_count + 1 WHERE sid = $1::int8",
 
 	[ST_SUMMARY_GET] =
@@ -611,9 +627,9 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	/* $1..$6 as session_create, $7 last_seq, $8 cleared_to_seq */
 	[ST_FORK_CREATE] =
 	"INSERT INTO sessions (tenant, id, context_keys, labels, config,"
-	" created_at, updated_at, revision, last_seq, cleared_to_seq)"
+	" created_at, updated_at, active_at, revision, last_seq, cleared_to_seq)"
 	" VALUES ($1, $2, $3::jsonb, $4::jsonb, $5::bytea, $6::timestamptz,"
-	" $6::timestamptz, 1, $7::int8, $8::int8)"
+	" $6::timestamptz, $6::timestamptz, 1, $7::int8, $8::int8)"
 	" RETURNING sid",
 
 	/* As ST_FORK_CREATE, limited as ST_SESSION_CREATE_LIMITED ($9 the
@@ -622,9 +638,11 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	[ST_FORK_CREATE_LIMITED] =
 	"WITH n AS (SELECT count(*) AS n FROM sessions WHERE tenant = $1::text),"
 	" ins AS (INSERT INTO sessions (tenant, id, context_keys, labels, config,"
-	"  created_at, updated_at, revision, last_seq, cleared_to_seq)"
+	"  created_at, updated_at, active_at, revision, last_seq,"
+	"  cleared_to_seq)"
 	"  SELECT $1::text, $2::text, $3::jsonb, $4::jsonb, $5::bytea,"
-	"  $6::timestamptz, $6::timestamptz, 1, $7::int8, $8::int8"
+	"  $6::timestamptz, $6::timestamptz, $6::timestamptz, 1, $7::int8,"
+	"  $8::int8"
 	"  FROM n WHERE n.n < $9::int8 RETURNING sid)"
 	" SELECT n.n, " TAKEN("n.n < $9::int8") ", ins.sid"
 	" FROM n LEFT JOIN ins ON true",
@@ -682,7 +700,9 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	 * $1 tenants, $2 ids, $3 messages, $4 tokens (per request);
 	 * $5 request ordinal, $6 index in the request (1..), $7 role,
 	 * $8 author, $9 created_at, $10 tokens, $11 bytes, $12 tsv, $13
-	 * tsv_tool, $14 tsv_len, $15 tsv_tool_len (per message);
+	 * tsv_tool, $14 tsv_len, $15 tsv_tool_len (per message); $16 the
+	 * batch's time (its sessions' active_at: the newest now_us of its
+	 * requests, which are gathered within a millisecond or so);
 	 * (The notice goes in a transaction of its own: ST_NOTIFY_SESSIONS.) */
 	[ST_FAST_APPEND] =
 	FAST_REQ
@@ -696,7 +716,7 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	"  l.revision + row_number() OVER w AS rev"
 	"  FROM req r JOIN locked l ON l.tenant = r.tenant AND l.id = r.id"
 	"  WINDOW w AS (PARTITION BY l.sid ORDER BY r.ord)),"
-	FAST_WRITE
+	FAST_WRITE("$16")
 	" SELECT p.ord, p.sid, p.base, p.rev FROM plan p",
 
 	/*
@@ -705,7 +725,8 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	 * messages and $18 record bytes (0: no limit) are applied; from the
 	 * first that would not fit on, none (the caller runs those again,
 	 * each checked after the others). $16: the packed length of each
-	 * message (record bytes: that, the seq key and its varint). One row
+	 * message (record bytes: that, the seq key and its varint); $19 the
+	 * batch's time, as $16 of ST_FAST_APPEND. One row
 	 * per request whose session exists: ordinal, sid, base, revision
 	 * (NULL when not applied), applied, and the messages and bytes the
 	 * session would hold with it and the requests before it.
@@ -737,7 +758,7 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" plan AS (SELECT f.ord, f.sid, f.n, f.tokens, f.base,"
 	"  f.revision + row_number() OVER (PARTITION BY f.sid ORDER BY f.ord)"
 	"  AS rev FROM fit f WHERE f.ok),"
-	FAST_WRITE
+	FAST_WRITE("$19")
 	" SELECT f.ord, f.sid, f.base, p.rev, f.ok, f.cn::int8, f.cb::int8"
 	" FROM fit f LEFT JOIN plan p ON p.ord = f.ord",
 
@@ -792,11 +813,13 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	"UPDATE sessions AS s SET revision = v.revision, last_seq = v.last_seq,"
 	" message_count = v.message_count, token_total = v.token_total,"
 	" bytes_total = v.bytes_total, first_seq = v.first_seq,"
-	" text_docs = v.td, text_len = v.tl, any_docs = v.ad, any_len = v.al"
+	" text_docs = v.td, text_len = v.tl, any_docs = v.ad, any_len = v.al,"
+	" active_at = v.at"
 	" FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int8[],"
 	" $6::int8[], $7::int8[], $8::int8[], $9::int8[], $10::int8[],"
-	" $11::int8[]) AS v(sid, revision, last_seq, message_count,"
-	" token_total, bytes_total, first_seq, td, tl, ad, al)"
+	" $11::int8[], $12::timestamptz[]) AS v(sid, revision, last_seq,"
+	" message_count, token_total, bytes_total, first_seq, td, tl, ad, al,"
+	" at)"
 	" WHERE s.sid = v.sid",
 
 	/* A key found expired is overwritten. */

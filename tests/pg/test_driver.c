@@ -12,7 +12,10 @@
  *   with its records, also after its LISTEN connection was killed;
  *   truncates reach it as CLEARED keeping system messages, also when it
  *   catches up on changes it missed;
- * - limits hold for writes racing on two instances.
+ * - limits hold for writes racing on two instances;
+ * - sessions of a database from before schema version 6 (no active_at)
+ *   expire by the newest message's created_at (the session TTL sweeper of
+ *   server/context.c on this driver), those written after by active_at.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -26,6 +29,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "context.h"
 #include "driver.h"
 #include "histd/v1/histd.pb-c.h"
 #include "histd_wire.h"
@@ -192,6 +196,22 @@ refuses_a_schema_newer_than_the_binary(void **state)
 	assert_non_null(strstr(histd_error_message(), "newer"));
 }
 
+/* Closes f->d, runs sql (which makes the database what an older version
+ * left), and opens it again: migrated to this binary's version. */
+static void
+reopen_migrated(fixture *f, const char *sql)
+{
+	PGresult *r;
+
+	histd_driver_close(f->d);
+	r = pgh_sql(f->dsn, sql);
+	assert_non_null(r);
+	PQclear(r);
+	f->d = open_driver(f->dsn, 2);
+	assert_int_equal(sql_long(f->dsn, "SELECT version FROM histd_schema"),
+			 PG_SCHEMA_VERSION);
+}
+
 /* A database of schema version 3, whose context keys were unique by the
  * keys themselves: opening migrates it to the digest index, and the
  * sessions it holds are found by their keys, and still unique. */
@@ -204,24 +224,17 @@ a_version_3_database_keeps_its_sessions_by_context_keys(void **state)
 			     .n_context_keys = 1, .created_at_us = histd_now_us() };
 	histd_session *out = NULL;
 	int created = 42;
-	PGresult *r;
 
 	f->d = open_driver(f->dsn, 2);
 	assert_int_equal(histd_driver_session_create(f->d, &in, &out), 0);
 	histd_session_free(out);
 	out = NULL;
-	histd_driver_close(f->d);
-	r = pgh_sql(f->dsn, "DROP INDEX sessions_tenant_context_keys;"
-		    "DROP FUNCTION histd_keys_digest(jsonb);"
-		    "CREATE UNIQUE INDEX sessions_tenant_context_keys ON sessions"
-		    " (tenant, context_keys) WHERE context_keys IS NOT NULL;"
-		    "UPDATE histd_schema SET version = 3");
-	assert_non_null(r);
-	PQclear(r);
-
-	f->d = open_driver(f->dsn, 2);
-	assert_int_equal(sql_long(f->dsn, "SELECT version FROM histd_schema"),
-			 PG_SCHEMA_VERSION);
+	reopen_migrated(f, "DROP INDEX sessions_tenant_context_keys;"
+			"DROP FUNCTION histd_keys_digest(jsonb);"
+			"CREATE UNIQUE INDEX sessions_tenant_context_keys ON sessions"
+			" (tenant, context_keys) WHERE context_keys IS NOT NULL;"
+			"ALTER TABLE sessions DROP COLUMN active_at;"
+			"UPDATE histd_schema SET version = 3");
 	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM pg_indexes WHERE"
 				  " indexname = 'sessions_tenant_context_keys' AND"
 				  " indexdef LIKE '%histd_keys_digest%'"), 1);
@@ -233,6 +246,93 @@ a_version_3_database_keeps_its_sessions_by_context_keys(void **state)
 	out = NULL;
 	assert_int_equal(histd_driver_session_create(f->d, &in, &out), HISTD_EEXISTS);
 	assert_non_null(strstr(histd_error_message(), "context_keys"));
+}
+
+/* Appends one message dated `secs` (Unix seconds) by its caller. */
+static void
+append_dated(histd_driver *d, const char *id, int64_t secs)
+{
+	size_t len;
+	uint8_t *data = pack_message_as(HISTD__V1__ROLE__ROLE_USER, "imported",
+					"planner", secs, &len);
+	histd_msg_in m = { .data = data, .len = len, .token_estimate = 3 };
+	histd_append a = { .tenant = "t", .session_id = id, .msgs = &m,
+			   .n_msgs = 1, .now_us = histd_now_us() };
+	histd_append_result r;
+
+	assert_int_equal(histd_driver_append(d, &a, &r), 0);
+	free(data);
+}
+
+/* Session id of tenant "t", which must exist; the caller frees it. */
+static histd_session *
+session_of(histd_driver *d, const char *id)
+{
+	histd_session *s = NULL;
+
+	assert_int_equal(histd_driver_session_get(d, "t", id, &s), 0);
+	return s;
+}
+
+/* The session's active_at_us is in [lo, hi]. */
+static void
+expect_active_at(histd_driver *d, const char *id, int64_t lo, int64_t hi)
+{
+	histd_session *s = session_of(d, id);
+
+	assert_in_range(s->active_at_us, lo, hi);
+	histd_session_free(s);
+}
+
+/* A database of schema version 4, whose sessions have no active_at:
+ * opening adds the column, NULL (unknown) for every stored session, and
+ * the TTL sweeper dates those by their newest message's created_at, as
+ * before; a session written after the upgrade is dated by its write. */
+static void
+a_version_4_database_keeps_the_old_ttl_rule_for_its_sessions(void **state)
+{
+	fixture *f = *state;
+	const int64_t day = INT64_C(86400);
+	int64_t now = histd_now_us() / 1000000;
+	histd_context_config cc = { .workers = 1, .max_retries = 1,
+				    .retry_base_us = 1000,
+				    .session_ttl_us = day * 1000000,
+				    .sweep_interval_us = 3600 * INT64_C(1000000) };
+	histd_context *ctx = NULL;
+	histd_session in = { .tenant = "t",
+			     .created_at_us = (now - 10 * day) * 1000000 };
+	histd_session *out = NULL;
+
+	/* Created ten days ago; each with a message appended now. */
+	f->d = open_driver(f->dsn, 2);
+	for (int i = 0; i < 3; i++) {
+		in.id = (char *)(const char *[]){ "idle", "talking", "later" }[i];
+		assert_int_equal(histd_driver_session_create(f->d, &in, &out), 0);
+		histd_session_free(out);
+		out = NULL;
+	}
+	append_dated(f->d, "idle", now - 5 * day);     /* imported: old */
+	append_dated(f->d, "talking", now);
+	expect_active_at(f->d, "idle", (now - 1) * 1000000, INT64_MAX);
+	reopen_migrated(f, "ALTER TABLE sessions DROP COLUMN active_at;"
+			"UPDATE histd_schema SET version = 4");
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM sessions"
+				  " WHERE active_at IS NULL"), 3);
+	expect_active_at(f->d, "idle", 0, 0);
+	/* After the upgrade: dated by the append, not the message. */
+	append_dated(f->d, "later", now - 5 * day);
+	expect_active_at(f->d, "later", (now - 1) * 1000000, INT64_MAX);
+
+	assert_int_equal(histd_context_new(&ctx, f->d, &cc), 0);
+	/* "idle": its newest message says five days (the old rule, which
+	 * an append's time could not correct before version 6). */
+	assert_int_equal(histd_context_sweep(ctx), 1);
+	assert_int_equal(histd_driver_session_get(f->d, "t", "idle", &out),
+			 HISTD_ENOTFOUND);
+	expect_active_at(f->d, "talking", 0, 0);
+	expect_active_at(f->d, "later", (now - 1) * 1000000, INT64_MAX);
+	assert_int_equal(histd_context_sweep(ctx), 0);
+	histd_context_free(ctx);
 }
 
 static void *
@@ -391,7 +491,7 @@ plan_of(const char *dsn, const char *stmt_sql, const char *args)
 	PGconn *c = PQconnectdb(dsn);
 	PGresult *r;
 	size_t cap = 4096, len = 0;
-	char *out = calloc(1, cap), sql[4096];
+	char *out = calloc(1, cap), sql[16384];
 
 	assert_int_equal(PQstatus(c), CONNECTION_OK);
 	snprintf(sql, sizeof(sql), "PREPARE q AS %s", stmt_sql);
@@ -400,7 +500,8 @@ plan_of(const char *dsn, const char *stmt_sql, const char *args)
 	PQclear(r);
 	snprintf(sql, sizeof(sql), "EXPLAIN EXECUTE q(%s)", args);
 	r = PQexec(c, sql);
-	assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK)
+		fail_msg("%s: %s", sql, PQresultErrorMessage(r));
 	for (int i = 0; i < PQntuples(r); i++) {
 		const char *line = PQgetvalue(r, i, 0);
 
@@ -452,14 +553,14 @@ reads_and_lists_use_indexes_not_scans(void **state)
 	plan = plan_of(f->dsn, pg_stmt_sql[ST_FAST_APPEND],
 		       "'{t}', '{big}', '{1}', '{1}', '{1}', '{1}', '{2}', '{a}',"
 		       " '{2024-01-01}', '{1}', '{\"\\\\x0a\"}', '{\"\"}', '{NULL}',"
-		       " '{0}', '{0}'");
+		       " '{0}', '{0}', '2024-01-01'");
 	assert_non_null(strstr(plan, "sessions_tenant_id"));
 	assert_null(strstr(plan, "Seq Scan"));
 	free(plan);
 	plan = plan_of(f->dsn, pg_stmt_sql[ST_FAST_APPEND_LIMITED],
 		       "'{t}', '{big}', '{1}', '{1}', '{1}', '{1}', '{2}', '{a}',"
 		       " '{2024-01-01}', '{1}', '{\"\\\\x0a\"}', '{\"\"}', '{NULL}',"
-		       " '{0}', '{0}', '{1}', 100, 0");
+		       " '{0}', '{0}', '{1}', 100, 0, '2024-01-01'");
 	assert_non_null(strstr(plan, "sessions_tenant_id"));
 	assert_null(strstr(plan, "Seq Scan"));
 	free(plan);
@@ -485,7 +586,7 @@ reads_and_lists_use_indexes_not_scans(void **state)
 	{
 		char args[64];
 
-		snprintf(args, sizeof(args), "%ld, 100, 5",
+		snprintf(args, sizeof(args), "%ld, 100, 5, now()",
 			 sql_long(f->dsn, "SELECT sid FROM sessions WHERE id = 'big'"));
 		plan = plan_of(f->dsn, pg_stmt_sql[ST_TRUNCATE], args);
 		assert_non_null(strstr(plan, "messages_pkey"));
@@ -616,11 +717,9 @@ wait_revision(hook *h, uint64_t rev, int timeout_ms)
 static uint64_t
 revision_of(histd_driver *d, const char *id)
 {
-	histd_session *s = NULL;
-	uint64_t rev;
+	histd_session *s = session_of(d, id);
+	uint64_t rev = s->revision;
 
-	assert_int_equal(histd_driver_session_get(d, "t", id, &s), 0);
-	rev = s->revision;
 	histd_session_free(s);
 	return rev;
 }
@@ -1349,6 +1448,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		T(refuses_a_schema_newer_than_the_binary),
 		T(a_version_3_database_keeps_its_sessions_by_context_keys),
+		T(a_version_4_database_keeps_the_old_ttl_rule_for_its_sessions),
 		T(replicas_starting_together_migrate_once),
 		T(open_without_a_dsn_or_with_a_dead_one_fails_cleanly),
 		T(messages_keep_queryable_columns_beside_their_bytes),
