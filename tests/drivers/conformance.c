@@ -4873,6 +4873,165 @@ static void tenant_list_pages_through_every_tenant_without_a_cap(void **state)
 	expect_eq(pages, (MANY_TENANTS + 6) / 7, "pages");
 }
 
+/* ---- active_at_us: the server time of the last change ---- */
+
+/* A user message whose created_at is the caller's (an imported one). */
+static void tmsg_dated(tmsg *m, const char *text, int64_t created_us)
+{
+	Histd__V1__TextBlock tb = HISTD__V1__TEXT_BLOCK__INIT;
+	Histd__V1__ContentBlock cb = HISTD__V1__CONTENT_BLOCK__INIT;
+	Histd__V1__ContentBlock *blocks[1] = { &cb };
+	Google__Protobuf__Timestamp ts = GOOGLE__PROTOBUF__TIMESTAMP__INIT;
+	Histd__V1__Message msg = HISTD__V1__MESSAGE__INIT;
+
+	memset(m, 0, sizeof(*m));
+	tb.text = (char *)text;
+	cb.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+	cb.text = &tb;
+	ts.seconds = created_us / 1000000;
+	msg.role = USER;
+	msg.author = "conformance";
+	msg.created_at = &ts;
+	msg.n_content = 1;
+	msg.content = blocks;
+	tmsg_pack(m, &msg, 3);
+}
+
+/* The session's active_at_us, the same from get, list and read. */
+static int64_t active_at(ctest *t, const char *id)
+{
+	histd_list q = { .tenant = TA, .limit = 100 };
+	histd_session_list l = { 0 };
+	histd_read rq = { .tenant = TA, .session_id = id, .want_session = 1 };
+	histd_read_result rr;
+	histd_session *s = get_ok(t, TA, id);
+	int64_t at = s->active_at_us;
+	size_t i;
+
+	histd_session_free(s);
+	expect_ok(histd_driver_session_list(t->d, &q, &l));
+	for (i = 0; i < l.n && strcmp(l.v[i]->id, id) != 0; i++)
+		;
+	assert_true(i < l.n);
+	expect_eq(l.v[i]->active_at_us, at, "active_at_us in the list");
+	histd_session_list_free(&l);
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &rq, &rr));
+	assert_non_null(rr.session);
+	expect_eq(rr.session->active_at_us, at, "active_at_us of a read");
+	histd_read_result_clear(&rr);
+	return at;
+}
+
+/* A change the driver dates with its own clock happened between the
+ * times taken before and after the call. */
+static void expect_active_between(ctest *t, const char *id, int64_t before,
+				  const char *what)
+{
+	int64_t at = active_at(t, id), after = histd_now_us();
+
+	if (at < before || at > after)
+		fail_msg("%s: active_at_us %lld not in [%lld, %lld]", what,
+			 (long long)at, (long long)before, (long long)after);
+}
+
+static void active_at_follows_every_change_and_no_read(void **state)
+{
+	ctest *t = *state;
+	const int64_t day = INT64_C(86400000000);
+	static const float v[3] = { 1, 0, 0 };
+	histd_session in = sess_in(TA, "f"), *out = NULL;
+	histd_append_result res;
+	uint64_t cleared = 0, rev, cur;
+	histd_record *sum;
+	tmsg m[3];
+	int64_t before;
+
+	create_ok(t, TA, "s1");
+	expect_eq(active_at(t, "s1"), T0, "after create");
+	expect_ok(histd_driver_session_update(t->d, TA, "s1", 0, NULL, 0, NULL,
+					      0, T0 + 10, &out, &cur));
+	expect_eq(out->active_at_us, T0 + 10, "update's record");
+	histd_session_free(out);
+	out = NULL;
+	expect_eq(active_at(t, "s1"), T0 + 10, "after update");
+
+	/* An imported message dated ten days back: the append's time
+	 * counts, not the message's. */
+	tmsg_dated(&m[0], "from an old transcript", T0 - 10 * day);
+	tmsg_text(&m[1], ASSISTANT, "and its answer");
+	tmsg_text(&m[2], USER, "a new start");
+	memset(&res, 0, sizeof(res));
+	expect_ok(append_full(t, TA, "s1", 0, NULL, 0, T0 + 20, 0, m, 1, &res));
+	expect_eq(active_at(t, "s1"), T0 + 20, "after an old-dated append");
+	if (durable(t)) {
+		reopen(t);
+		expect_eq(active_at(t, "s1"), T0 + 20, "after a restart");
+	}
+	/* Reads (all of the above) and failed writes move nothing. */
+	expect_err(HISTD_ECONFLICT, append_full(t, TA, "s1", 1, NULL, 0,
+						T0 + 25, 0, &m[1], 1, &res));
+	expect_eq(active_at(t, "s1"), T0 + 20, "after a conflict");
+
+	/* Replace: its now_us. */
+	memset(&res, 0, sizeof(res));
+	expect_ok(append_replace(t, TA, "s1", 0, &m[1], 1, &res, &cleared));
+	expect_eq(active_at(t, "s1"), T0, "after replace (now_us T0)");
+	expect_ok(append_full(t, TA, "s1", 0, NULL, 0, T0 + 30, 0, &m[2], 1,
+			      &res));
+	expect_eq(active_at(t, "s1"), T0 + 30, "after an append");
+
+	/* An embedding is derived data, not a change. */
+	if (t->d->version >= 2 && t->d->embedding_put) {
+		expect_ok(histd_driver_embedding_put(t->d, TA, "s1", res.last_seq,
+						     "m1", v, 3));
+		expect_eq(active_at(t, "s1"), T0 + 30, "after embedding_put");
+	}
+
+	/* Clear, summary put and truncate carry no time: the driver's
+	 * clock dates them. */
+	before = histd_now_us();
+	sum = summary_new(1, res.last_seq, "what was said");
+	summary_put_ok(t, TA, "s1", sum);
+	histd_record_free(sum);
+	expect_active_between(t, "s1", before, "after summary_put");
+	if (t->d->version >= 3) {
+		expect_ok(append_full(t, TA, "s1", 0, NULL, 0, T0 + 40, 0, &m[1],
+				      1, &res));
+		expect_eq(active_at(t, "s1"), T0 + 40, "after an append");
+		before = histd_now_us();
+		truncate_ok(t, TA, "s1", res.last_seq);
+		expect_active_between(t, "s1", before, "after truncate");
+		if (durable(t)) {
+			int64_t at = active_at(t, "s1");
+
+			reopen(t);
+			expect_eq(active_at(t, "s1"), at, "truncate's, restarted");
+		}
+	}
+	expect_ok(append_full(t, TA, "s1", 0, NULL, 0, T0 + 50, 0, &m[2], 1,
+			      &res));
+	before = histd_now_us();
+	expect_ok(histd_driver_clear(t->d, TA, "s1", 0, &rev, &cleared, &cur));
+	expect_active_between(t, "s1", before, "after clear");
+	if (durable(t)) {
+		int64_t at = active_at(t, "s1");
+
+		reopen(t);
+		expect_eq(active_at(t, "s1"), at, "clear's, restarted");
+	}
+
+	/* A fork is created: its created_at; its source is only read. */
+	before = active_at(t, "s1");
+	in.created_at_us = T0 + 60;
+	expect_ok(histd_driver_session_fork(t->d, TA, "s1", 0, &in, &out));
+	expect_eq(out->active_at_us, T0 + 60, "fork's record");
+	histd_session_free(out);
+	expect_eq(active_at(t, "f"), T0 + 60, "fork");
+	expect_eq(active_at(t, "s1"), before, "fork's source");
+	tmsgs_free(m, 3);
+}
+
 /* ---------------------------------------------------------------------- */
 
 #define T(f) cmocka_unit_test_prestate_setup_teardown(f, conf_setup, \
@@ -4994,6 +5153,8 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 
 		T(tenant_list_pages_in_byte_order_without_emptied_tenants),
 		T(tenant_list_pages_through_every_tenant_without_a_cap),
+
+		T(active_at_follows_every_change_and_no_read),
 	};
 	const char *filter = getenv("HISTD_TEST_FILTER");
 	char group[96];
