@@ -592,6 +592,11 @@ typedef struct histd_driver_config {
 	const char *log_level;
 	const char *dsn;             /* postgres */
 	int pool_size;               /* postgres */
+	/* postgres: milliseconds a statement may run (PostgreSQL's
+	 * statement_timeout on every pooled connection); histd waits for an
+	 * answer PG_TIMEOUT_GRACE_MS longer, then drops the connection and
+	 * the call answers EUNAVAILABLE. 0: no limit. */
+	int timeout_ms;
 	/*
 	 * Limits every driver of version >= 3 enforces atomically, 0 for
 	 * none. A write that would pass one changes nothing and answers

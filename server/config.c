@@ -50,6 +50,11 @@ static const struct opt opts[] = {
 	  "PostgreSQL connection string (postgres driver)" },
 	{ "pool-size", OPT_INT, OFF(pool_size), "8",
 	  "PostgreSQL connections (postgres driver)" },
+	{ "pg-timeout-ms", OPT_INT, OFF(pg_timeout_ms), "30000",
+	  "milliseconds a PostgreSQL statement may run (its\n"
+	  "      statement_timeout); histd waits 2 s more for the answer, then\n"
+	  "      drops the connection; the call answers UNAVAILABLE (0: no\n"
+	  "      limit; postgres driver)" },
 	{ "max-sessions-per-tenant", OPT_SIZE, OFF(max_sessions_per_tenant),
 	  "0", "sessions one tenant may hold (RESOURCE_EXHAUSTED above; 0: no\n"
 	  "      limit)" },

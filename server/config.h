@@ -42,6 +42,7 @@ typedef struct histd_config {
 	char *fsync;
 	char *dsn;
 	int pool_size;
+	int pg_timeout_ms;
 	/* Storage limits the driver enforces (histd_driver_config); 0: none. */
 	size_t max_sessions_per_tenant;
 	size_t max_session_messages;

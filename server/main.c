@@ -332,6 +332,7 @@ main(int argc, char **argv)
 	dcfg.log_level = cfg.log_level;
 	dcfg.dsn = cfg.dsn;
 	dcfg.pool_size = cfg.pool_size;
+	dcfg.timeout_ms = cfg.pg_timeout_ms;
 	dcfg.max_sessions_per_tenant = cfg.max_sessions_per_tenant;
 	dcfg.max_session_messages = cfg.max_session_messages;
 	dcfg.max_session_bytes = cfg.max_session_bytes;

@@ -1203,6 +1203,7 @@ fast_pipeline(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
 {
 	PGconn *pg = c->pg;
 	PGresult *r, *res[2] = { NULL, NULL };
+	int64_t deadline = pg_deadline(d);
 	int rc = 0, broken = 0, committed = 0, had_rows;
 
 	*retry = 0;
@@ -1219,7 +1220,7 @@ fast_pipeline(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
 		return rc;
 	}
 	for (int i = 0; i < 2 && !broken; i++) {
-		r = PQgetResult(pg);
+		r = pg_result(d, pg, deadline);
 		if (!r) {
 			broken = 1;
 			break;
@@ -1233,9 +1234,9 @@ fast_pipeline(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
 				rc = pg_error(d, pg, r, retry);
 			PQclear(r);
 		}
-		while ((r = PQgetResult(pg)) != NULL)
+		while ((r = pg_result(d, pg, deadline)) != NULL)
 			PQclear(r);
-		r = PQgetResult(pg);
+		r = pg_result(d, pg, deadline);
 		if (!r || PQresultStatus(r) != PGRES_PIPELINE_SYNC)
 			broken = 1;
 		else if (i == 0)

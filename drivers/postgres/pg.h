@@ -116,6 +116,8 @@ typedef struct pg_driver {
 	histd_driver base;
 	char *dsn;
 	int pool_size;
+	/* histd_driver_config's timeout_ms (0: none). */
+	int timeout_ms;
 
 	pthread_mutex_t pool_mu;
 	pthread_cond_t pool_cv;
@@ -141,6 +143,27 @@ typedef struct pg_driver {
  * `prepare`, every statement prepared (the schema must exist). 0, or
  * EUNAVAILABLE with the message set. */
 int pg_connect(pg_driver *d, PGconn **out, int prepare);
+
+/* How long histd waits for an answer beyond the server's own
+ * statement_timeout: a server that does not even cancel its statement by
+ * then is stuck (stopped, or its host unreachable). */
+#define PG_TIMEOUT_GRACE_MS 2000
+
+/* The monotonic time (histd_mono_us) by which a statement sent now must
+ * be answered; INT64_MAX when d->timeout_ms is 0. */
+int64_t pg_deadline(const pg_driver *d);
+
+/* PQgetResult, waiting for the server at most until `deadline` (pending
+ * output is flushed first: connections are non-blocking). Past it the
+ * connection's socket is shut down, so libpq reports it broken: this
+ * call returns that error result, the connection is CONNECTION_BAD, and
+ * pg_error names the timeout. */
+PGresult *pg_result(pg_driver *d, PGconn *pg, int64_t deadline);
+
+/* Runs `sql` (one or more statements, simple protocol) waiting at most
+ * until `deadline`. 0 if every statement succeeded, else pg_error's code
+ * for the first failure (the connection is not reported lost). */
+int pg_simple(pg_driver *d, PGconn *pg, const char *sql, int64_t deadline);
 
 /* Takes a connection from the pool, (re)connecting it if needed; waits
  * while all are busy. EUNAVAILABLE while PostgreSQL is down. */

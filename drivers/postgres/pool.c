@@ -10,9 +10,16 @@
 #include "pg.h"
 
 #include <endian.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+
+#include "histd_wire.h"
 
 /* timestamptz counts microseconds from 2000-01-01; we count from 1970. */
 #define PG_EPOCH_OFFSET_US INT64_C(946684800000000)
@@ -34,6 +41,14 @@ first_line(char *out, size_t size, const char *msg)
 	out[n] = '\0';
 }
 
+/* The connection this thread last gave up waiting on (pg_result), and
+ * how long it waited in ms, until pg_error reports it. */
+static _Thread_local const PGconn *timed_out;
+static _Thread_local int64_t timed_out_ms;
+/* Set when pg_error reported such a timeout: pg_txn does not try again
+ * on a new connection, which would only wait as long once more. */
+static _Thread_local int reported_timeout;
+
 int
 pg_error(pg_driver *d, PGconn *pg, const PGresult *r, int *retry)
 {
@@ -43,6 +58,25 @@ pg_error(pg_driver *d, PGconn *pg, const PGresult *r, int *retry)
 
 	if (retry)
 		*retry = 0;
+	if (pg && pg == timed_out) {
+		timed_out = NULL;
+		reported_timeout = 1;
+		if (d) {
+			/* A server that answers nothing is down until the
+			 * listener's probe says otherwise: calls fail at once
+			 * instead of each waiting as long, and every pooled
+			 * connection is made anew. */
+			atomic_store(&d->db_up, 0);
+			atomic_fetch_add(&d->gen, 1);
+			pg_lost(d);
+		}
+		if (timed_out_ms <= 0)
+			return histd_error_set(HISTD_EUNAVAILABLE,
+					       "PostgreSQL did not answer in time");
+		return histd_error_set(HISTD_EUNAVAILABLE,
+				       "PostgreSQL did not answer within %" PRId64
+				       " ms", timed_out_ms);
+	}
 	if (!pg || PQstatus(pg) != CONNECTION_OK || !r || !state) {
 		first_line(line, sizeof(line),
 			   primary ? primary : pg ? PQerrorMessage(pg) : "no connection");
@@ -98,6 +132,7 @@ pg_error(pg_driver *d, PGconn *pg, const PGresult *r, int *retry)
 static int
 prepare_all(pg_driver *d, PGconn *pg)
 {
+	int64_t deadline = pg_deadline(d);
 	int rc = 0;
 
 	/* One round trip for every statement. */
@@ -109,7 +144,7 @@ prepare_all(pg_driver *d, PGconn *pg)
 	if (!PQpipelineSync(pg))
 		return pg_error(d, pg, NULL, NULL);
 	for (int i = 0; i < ST_COUNT; i++) {
-		PGresult *r = PQgetResult(pg);
+		PGresult *r = pg_result(d, pg, deadline);
 
 		if (!r)
 			return pg_error(d, pg, NULL, NULL);
@@ -128,10 +163,10 @@ prepare_all(pg_driver *d, PGconn *pg)
 						: "aborted");
 		}
 		PQclear(r);
-		r = PQgetResult(pg);    /* the NULL ending this statement */
+		r = pg_result(d, pg, deadline);    /* the NULL ending this statement */
 		PQclear(r);
 	}
-	PGresult *sync = PQgetResult(pg);
+	PGresult *sync = pg_result(d, pg, deadline);
 
 	if (!sync || PQresultStatus(sync) != PGRES_PIPELINE_SYNC) {
 		PQclear(sync);
@@ -153,6 +188,49 @@ quiet(void *arg, const char *message)
 	(void)message;
 }
 
+/* Settings of every connection: reads join the session row and its
+ * messages in one UNION ALL whose branches must come back in order (no
+ * parallel plans). Connections that serve calls (`serving`) are made
+ * non-blocking, so that pg_result bounds every wait, and get the
+ * configured statement_timeout; the start's migrations and backfill run
+ * unbounded. */
+static int
+session_settings(pg_driver *d, PGconn *pg, int serving)
+{
+	char sql[128];
+
+	if (serving && d->timeout_ms > 0)
+		snprintf(sql, sizeof(sql), "SET max_parallel_workers_per_gather"
+			 " = 0; SET statement_timeout = %d", d->timeout_ms);
+	else
+		snprintf(sql, sizeof(sql),
+			 "SET max_parallel_workers_per_gather = 0");
+	if (serving && PQsetnonblocking(pg, 1) != 0)
+		return pg_error(NULL, pg, NULL, NULL);
+	return pg_simple(d, pg, sql, pg_deadline(d));
+}
+
+int
+pg_simple(pg_driver *d, PGconn *pg, const char *sql, int64_t deadline)
+{
+	PGresult *r;
+	int rc = 0;
+
+	if (!PQsendQuery(pg, sql))
+		return pg_error(NULL, pg, NULL, NULL);
+	/* A result per statement, then NULL; the first failure counts. */
+	while ((r = pg_result(d, pg, deadline)) != NULL) {
+		ExecStatusType st = PQresultStatus(r);
+
+		if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK && rc == 0)
+			rc = pg_error(NULL, pg, r, NULL);
+		PQclear(r);
+	}
+	if (rc == 0 && PQstatus(pg) != CONNECTION_OK)
+		rc = pg_error(NULL, pg, NULL, NULL);
+	return rc;
+}
+
 int
 pg_connect(pg_driver *d, PGconn **out, int prepare)
 {
@@ -168,7 +246,6 @@ pg_connect(pg_driver *d, PGconn **out, int prepare)
 	};
 	char line[256];
 	PGconn *pg;
-	PGresult *r;
 	int rc;
 
 	pg = PQconnectdbParams(keys, vals, 1);
@@ -181,17 +258,10 @@ pg_connect(pg_driver *d, PGconn **out, int prepare)
 				       "PostgreSQL is unreachable: %s", line);
 	}
 	PQsetNoticeProcessor(pg, quiet, NULL);
-	/* Reads join the session row and its messages in one UNION ALL whose
-	 * branches must come back in order: no parallel plans. */
-	r = PQexec(pg, "SET max_parallel_workers_per_gather = 0");
-	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-		rc = pg_error(NULL, pg, r, NULL);
-		PQclear(r);
-		PQfinish(pg);
-		return rc;
-	}
-	PQclear(r);
-	rc = prepare ? prepare_all(d, pg) : 0;
+	timed_out = NULL;       /* a new connection, maybe at a freed one's address */
+	rc = session_settings(d, pg, prepare);
+	if (rc == 0 && prepare)
+		rc = prepare_all(d, pg);
 	if (rc) {
 		PQfinish(pg);
 		return rc;
@@ -277,20 +347,72 @@ result_ok(const PGresult *r)
 	return s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK;
 }
 
+int64_t
+pg_deadline(const pg_driver *d)
+{
+	if (d->timeout_ms <= 0)
+		return INT64_MAX;
+	return histd_mono_us() +
+	       (int64_t)(d->timeout_ms + PG_TIMEOUT_GRACE_MS) * 1000;
+}
+
+PGresult *
+pg_result(pg_driver *d, PGconn *pg, int64_t deadline)
+{
+	if (timed_out != pg)
+		timed_out = NULL;
+	for (;;) {
+		int pending = PQflush(pg);        /* 1: output left to send */
+		struct pollfd pf = { .fd = PQsocket(pg), .events = POLLIN };
+		int64_t left;
+		int n;
+
+		if (pending < 0 || (!pending && !PQisBusy(pg)) || pf.fd < 0)
+			break;          /* an answer, or an error PQgetResult gives */
+		left = deadline - histd_mono_us();
+		if (left <= 0) {
+			/* Stuck: from now on libpq sees the connection closed. */
+			shutdown(pf.fd, SHUT_RDWR);
+			timed_out = pg;
+			timed_out_ms = d->timeout_ms > 0
+				       ? d->timeout_ms + PG_TIMEOUT_GRACE_MS : 0;
+			break;
+		}
+		if (pending)
+			pf.events |= POLLOUT;
+		n = poll(&pf, 1, left / 1000 >= INT_MAX ? INT_MAX
+			 : (int)((left + 999) / 1000));
+		if (n < 0 && errno != EINTR)
+			break;
+		if (n > 0 && (pf.revents & (POLLIN | POLLERR | POLLHUP)) &&
+		    !PQconsumeInput(pg))
+			break;
+	}
+	return PQgetResult(pg);
+}
+
 int
 pg_exec(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
 	PGresult **out, int *retry)
 {
 	static const pg_params none = { 0 };
-	PGresult *r;
+	int64_t deadline = pg_deadline(d);
+	PGresult *r = NULL, *next;
 	int rc;
 
 	if (!p)
 		p = &none;
 	if (retry)
 		*retry = 0;
-	r = PQexecPrepared(c->pg, pg_stmt_name[st], p->n, p->values, p->lengths,
-			   p->formats, 1);
+	if (!PQsendQueryPrepared(c->pg, pg_stmt_name[st], p->n, p->values,
+				 p->lengths, p->formats, 1))
+		return pg_error(d, c->pg, NULL, retry);
+	/* One statement: its result, then NULL (the last result counts, as
+	 * with PQexec). */
+	while ((next = pg_result(d, c->pg, deadline)) != NULL) {
+		PQclear(r);
+		r = next;
+	}
 	if (r && result_ok(r)) {
 		if (out)
 			*out = r;
@@ -313,6 +435,7 @@ pg_pipeline(pg_driver *d, pg_conn *c, size_t n, const enum pg_stmt *st,
 
 	static const pg_params none = { 0 };
 	PGconn *pg = c->pg;
+	int64_t deadline = pg_deadline(d);
 	int rc = 0, broken = 0;
 	PGresult *r;
 
@@ -348,7 +471,7 @@ pg_pipeline(pg_driver *d, pg_conn *c, size_t n, const enum pg_stmt *st,
 	for (size_t i = 0; i < n && !broken; i++) {
 		if (st[i] == ST_COUNT)
 			continue;
-		r = PQgetResult(pg);
+		r = pg_result(d, pg, deadline);
 		if (!r) {
 			broken = 1;
 			break;
@@ -366,14 +489,14 @@ pg_pipeline(pg_driver *d, pg_conn *c, size_t n, const enum pg_stmt *st,
 			PQclear(r);
 		}
 		/* Each statement's results end with a NULL. */
-		while (!broken && (r = PQgetResult(pg)) != NULL) {
+		while (!broken && (r = pg_result(d, pg, deadline)) != NULL) {
 			PQclear(r);
 			if (PQstatus(pg) != CONNECTION_OK)
 				broken = 1;
 		}
 	}
 	if (!broken) {
-		r = PQgetResult(pg);
+		r = pg_result(d, pg, deadline);
 		if (!r || PQresultStatus(r) != PGRES_PIPELINE_SYNC)
 			broken = 1;
 		PQclear(r);
@@ -411,13 +534,14 @@ pg_pipeline(pg_driver *d, pg_conn *c, size_t n, const enum pg_stmt *st,
 void
 pg_rollback(pg_driver *d, pg_conn *c)
 {
-	(void)d;
 	if (c->pg && PQstatus(c->pg) == CONNECTION_OK &&
 	    PQpipelineStatus(c->pg) == PQ_PIPELINE_OFF &&
 	    PQtransactionStatus(c->pg) != PQTRANS_IDLE) {
-		PGresult *r = PQexecPrepared(c->pg, pg_stmt_name[ST_ROLLBACK], 0,
-					     NULL, NULL, NULL, 1);
-		PQclear(r);
+		PGresult *r;
+
+		/* Failing, the connection is dropped at release. */
+		if (pg_exec(d, c, ST_ROLLBACK, NULL, &r, NULL) == 0)
+			PQclear(r);
 	}
 }
 
@@ -436,6 +560,7 @@ pg_txn(pg_driver *d, pg_txn_fn fn, void *arg, int *unknown)
 		pg_conn *c;
 		int retry = 0, commit_sent = 0, broken;
 
+		reported_timeout = 0;
 		rc = pg_acquire(d, &c);
 		if (rc)
 			return rc;
@@ -448,13 +573,16 @@ pg_txn(pg_driver *d, pg_txn_fn fn, void *arg, int *unknown)
 			return 0;
 		if (broken && rc == HISTD_EUNAVAILABLE) {
 			if (commit_sent) {
+				char why[256];
+
 				if (unknown)
 					*unknown = 1;
+				snprintf(why, sizeof(why), "%s", histd_error_message());
 				return histd_error_set(HISTD_EUNAVAILABLE,
-						       "PostgreSQL connection lost during "
-						       "commit: the write may not be applied");
+						       "%s during commit: the write may "
+						       "not be applied", why);
 			}
-			if (lost_retries++ == 0)
+			if (lost_retries++ == 0 && !reported_timeout)
 				continue;
 			return rc;
 		}

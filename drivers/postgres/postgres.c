@@ -1291,6 +1291,8 @@ pg_close(histd_driver *drv)
 /* The default pool when the configuration gives none. */
 #define PG_POOL_DEFAULT 8
 #define PG_POOL_MAX 1000
+/* statement_timeout takes an int of ms; a day is more than any call. */
+#define PG_TIMEOUT_MAX_MS 86400000
 
 int
 histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
@@ -1305,6 +1307,9 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 	if (cfg->pool_size < 0 || cfg->pool_size > PG_POOL_MAX)
 		return histd_error_set(HISTD_EINVALID,
 				       "pool_size must be 1..%d", PG_POOL_MAX);
+	if (cfg->timeout_ms < 0 || cfg->timeout_ms > PG_TIMEOUT_MAX_MS)
+		return histd_error_set(HISTD_EINVALID,
+				       "timeout_ms must be 0..%d", PG_TIMEOUT_MAX_MS);
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
@@ -1343,6 +1348,7 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 	atomic_init(&d->gen, 1);
 	atomic_init(&d->db_up, 1);
 	d->pool_size = cfg->pool_size ? cfg->pool_size : PG_POOL_DEFAULT;
+	d->timeout_ms = cfg->timeout_ms;
 	d->dsn = strdup(cfg->dsn);
 	d->conns = calloc((size_t)d->pool_size, sizeof(*d->conns));
 	if (!d->dsn || !d->conns) {

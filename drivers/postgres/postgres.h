@@ -3,7 +3,8 @@
  * by every histd replica that points at the same database.
  *
  * Configuration (histd_driver_config): dsn, a libpq connection string or
- * URI (required); pool_size, the connections it keeps (1..1000, 0: 8).
+ * URI (required); pool_size, the connections it keeps (1..1000, 0: 8);
+ * timeout_ms, how long a statement may take (0..86400000, 0: no limit).
  * Open creates or upgrades the schema (refusing one newer than this
  * binary) and fails with EUNAVAILABLE if the database cannot be reached.
  * See deploy/postgres.md for the settings it expects.

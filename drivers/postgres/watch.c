@@ -60,6 +60,8 @@
 /* Listener cadence: probe and housekeeping when idle; retry to connect. */
 #define TICK_MS 1000
 #define RETRY_MS 250
+/* How long the listener's probe waits for "SELECT 1". */
+#define PROBE_TIMEOUT_US INT64_C(5000000)
 #define PURGE_US (60 * INT64_C(1000000))
 /* Every tracked session's revision checked this often: a notice lost
  * (a writer died between its COMMIT and its notice) costs this long. */
@@ -1068,24 +1070,19 @@ static int
 listen_on(pg_driver *d)
 {
 	struct pg_watch *w = d->watch;
-	PGresult *r;
 	int rc;
 
 	if ((rc = pg_connect(d, &w->pg, 1)))
 		return rc;
 	w->conn.pg = w->pg;
 	/* Named apart from the pool in pg_stat_activity. */
-	r = PQexec(w->pg, "SET application_name = 'histd listener'; LISTEN "
-		   PG_CHANNEL);
-	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-		rc = pg_error(NULL, w->pg, r, NULL);
-		PQclear(r);
+	rc = pg_simple(d, w->pg, "SET application_name = 'histd listener';"
+		       " LISTEN " PG_CHANNEL, pg_deadline(d));
+	if (rc) {
 		PQfinish(w->pg);
 		w->pg = w->conn.pg = NULL;
-		return rc;
 	}
-	PQclear(r);
-	return 0;
+	return rc;
 }
 
 static void
@@ -1096,15 +1093,17 @@ drop(struct pg_watch *w)
 	w->pg = w->conn.pg = NULL;
 }
 
-/* The server answers a trivial query. */
+/* The server answers a trivial query within PROBE_TIMEOUT_US (or the
+ * statements' limit, if shorter): a server that stops answering (stopped,
+ * its host gone) is down for health before a statement gives up. */
 static int
-probe(struct pg_watch *w)
+probe(pg_driver *d, struct pg_watch *w)
 {
-	PGresult *r = PQexec(w->pg, "SELECT 1");
-	int ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+	int64_t deadline = pg_deadline(d);
+	int64_t soon = histd_mono_us() + PROBE_TIMEOUT_US;
 
-	PQclear(r);
-	return ok;
+	return pg_simple(d, w->pg, "SELECT 1",
+			 deadline < soon ? deadline : soon) == 0;
 }
 
 /* The listener's connection broke: reconnect at once (the loop does). */
@@ -1178,10 +1177,12 @@ listener(void *arg)
 		now = histd_mono_us();
 		if (now - last_tick >= TICK_MS * INT64_C(1000)) {
 			last_tick = now;
-			if (!probe(w)) {
+			if (!probe(d, w)) {
 				lost(w, &was_connected);
 				continue;
 			}
+			/* Answering: up again if a call's timeout said down. */
+			atomic_store(&d->db_up, 1);
 			/* Notices that arrived during the probe are parsed
 			 * before the next wait. */
 			housekeeping(w);

@@ -9,6 +9,9 @@
 #   pgtest.sh restart STATE stop (fast) and start the same cluster again
 #   pgtest.sh halt STATE    stop it, keep the data (outage tests)
 #   pgtest.sh resume STATE  start a halted cluster again
+#   pgtest.sh freeze STATE  stop (SIGSTOP) every process of the cluster: a
+#                           server that accepts nothing and answers nothing
+#   pgtest.sh thaw STATE    let a frozen cluster run again (SIGCONT)
 #   pgtest.sh bin           print the directory of the PostgreSQL programs
 #
 # PostgreSQL refuses to run as root, so under root the cluster belongs to
@@ -109,9 +112,24 @@ cmd_resume() {
 	start_server "$dir" "$port"
 }
 
+# The postmaster, then its children (backends, background workers): the
+# postmaster first, so that it forks none after the list is made.
+cluster_signal() {
+	dir=$(state_get "$1" dir)
+	[ -n "$dir" ] || die "no cluster in $1"
+	pm=$(head -n 1 "$dir/data/postmaster.pid" 2>/dev/null) || return 0
+	[ -n "$pm" ] || return 0
+	kill "-$2" "$pm" 2>/dev/null || true
+	for child in $(pgrep -P "$pm"); do
+		kill "-$2" "$child" 2>/dev/null || true
+	done
+}
+
 cmd_stop() {
 	state=$1
 	[ -e "$state" ] || exit 0
+	# A test that failed with its cluster frozen: stop it all the same.
+	cluster_signal "$state" CONT
 	dir=$(state_get "$state" dir)
 	if [ -n "$dir" ] && [ -d "$dir/data" ]; then
 		as_owner "$PGBIN/pg_ctl" -D "$dir/data" -m fast -w -t 60 stop \
@@ -123,7 +141,7 @@ cmd_stop() {
 	rm -f "$state"
 }
 
-[ $# -ge 1 ] || die "usage: pgtest.sh start|dsn|stop|restart|halt|resume STATE | bin"
+[ $# -ge 1 ] || die "usage: pgtest.sh start|dsn|stop|restart|halt|resume|freeze|thaw STATE | bin"
 case "$1" in
 start) cmd_start "$2" ;;
 dsn) state_get "$2" dsn ;;
@@ -131,6 +149,8 @@ stop) cmd_stop "$2" ;;
 halt) cmd_halt "$2" ;;
 resume) cmd_resume "$2" ;;
 restart) cmd_halt "$2"; cmd_resume "$2" ;;
+freeze) cluster_signal "$2" STOP ;;
+thaw) cluster_signal "$2" CONT ;;
 bin) echo "$PGBIN" ;;
 *) die "unknown command '$1'" ;;
 esac

@@ -1441,6 +1441,46 @@ session_size_limit_holds_for_appends_racing_on_two_instances(void **state)
 	histd_driver_close(d2);
 }
 
+/* A row lock held by a transaction outside histd (an operator's, another
+ * tool's) holds an append of that session only until the statement
+ * timeout: it then fails EUNAVAILABLE saying so, stores nothing, and the
+ * session takes appends again once the lock is gone. */
+static void
+an_outside_lock_ends_an_append_at_the_statement_timeout(void **state)
+{
+	fixture *f = *state;
+	histd_driver_config cfg = { .dsn = f->dsn, .pool_size = 2,
+				    .timeout_ms = 300 };
+	histd_session *s = NULL;
+	PGconn *lk;
+	PGresult *r;
+
+	assert_int_equal(histd_driver_open("postgres", &cfg, &f->d), 0);
+	create(f->d, "locked");
+	create(f->d, "free");
+	assert_int_equal(append_text(f->d, "locked", "before", NULL), 0);
+	lk = PQconnectdb(f->dsn);
+	assert_int_equal(PQstatus(lk), CONNECTION_OK);
+	r = PQexec(lk, "BEGIN; SELECT 1 FROM sessions WHERE id = 'locked'"
+		   " FOR UPDATE");
+	assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+	PQclear(r);
+
+	assert_int_equal(append_text(f->d, "locked", "waits", NULL),
+			 HISTD_EUNAVAILABLE);
+	assert_non_null(strstr(histd_error_message(), "statement timeout"));
+	assert_int_equal(append_text(f->d, "free", "goes", NULL), 0);
+
+	r = PQexec(lk, "ROLLBACK");
+	PQclear(r);
+	PQfinish(lk);
+	assert_int_equal(append_text(f->d, "locked", "after", NULL), 0);
+	assert_int_equal(histd_driver_session_get(f->d, "t", "locked", &s), 0);
+	assert_int_equal(s->message_count, 2);
+	assert_int_equal(s->last_seq, 2);
+	histd_session_free(s);
+}
+
 int
 main(void)
 {
@@ -1462,6 +1502,7 @@ main(void)
 		T(a_second_instance_that_missed_truncates_catches_up_to_the_stored_session),
 		T(sessions_per_tenant_limit_holds_for_creates_racing_on_two_instances),
 		T(session_size_limit_holds_for_appends_racing_on_two_instances),
+		T(an_outside_lock_ends_an_append_at_the_statement_timeout),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, NULL);

@@ -9,8 +9,13 @@
  *   delivers every stored message of its session in order, without a gap.
  *
  * Once with a fast shutdown (backends terminated), once with an immediate
- * one (a crash: PostgreSQL recovers from its WAL at the next start). The
- * cluster is this test's own (it is stopped), made with pgtest.sh.
+ * one (a crash: PostgreSQL recovers from its WAL at the next start), and
+ * once stuck: every process of the cluster stopped with SIGSTOP, its
+ * sockets open, so that connections neither fail nor answer (a hung host).
+ * There histd gives up on a statement --pg-timeout-ms and 2 s after
+ * sending it: calls end UNAVAILABLE before the caller's deadline, never
+ * hang. The cluster is this test's own (it is stopped), made with
+ * pgtest.sh.
  *
  * Usage: pg_outage <histd binary>, with $HISTD_PGTEST.
  */
@@ -344,9 +349,11 @@ static void
 outage(const char *mode)
 {
 	char *db = pgh_new_database(cluster, mode);
+	int stuck = !strcmp(mode, "stuck");
 	const char *extra[] = {
 		"--driver", "postgres", "--dsn", db, "--pool-size", "8",
-		"--threads", "16", NULL,
+		"--threads", "16", "--pg-timeout-ms", stuck ? "1000" : "30000",
+		NULL,
 	};
 	histd_proc *p = NULL;
 	histd_client *c;
@@ -356,7 +363,7 @@ outage(const char *mode)
 	watcher w = { .next_seq = 1 };
 	atomic_int stop = 0;
 	int ms, n_unavailable = 0, n_loaders = 0;
-	int loaders_joined = 0, watcher_joined = 0;
+	int loaders_joined = 0, watcher_joined = 0, frozen = 0;
 	int64_t up_at;
 	size_t before_ok[LOADERS];
 	char why[256];
@@ -383,11 +390,18 @@ outage(const char *mode)
 	      "%s: health is not SERVING under load", mode);
 
 	/* Down. */
-	CHECK(pgh_cluster("halt", state, mode) == 0, "%s: cannot stop PostgreSQL", mode);
+	if (stuck)
+		CHECK(pgh_cluster("freeze", state, NULL) == 0,
+		      "%s: cannot freeze PostgreSQL", mode);
+	else
+		CHECK(pgh_cluster("halt", state, mode) == 0,
+		      "%s: cannot stop PostgreSQL", mode);
+	frozen = stuck;
+	/* Stuck, the listener's probe waits its 3 s, then a connect its 3. */
 	ms = wait_health(c, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING,
-			 10000);
+			 15000);
 	print_message("%s: health NOT_SERVING %d ms after the stop\n", mode, ms);
-	CHECK(ms >= 0, "%s: health not NOT_SERVING within 10 s of the stop", mode);
+	CHECK(ms >= 0, "%s: health not NOT_SERVING within 15 s of the stop", mode);
 	usleep(1500000);
 	for (int i = 0; i < LOADERS; i++)
 		before_ok[i] = __atomic_load_n(&l[i].n_ok, __ATOMIC_RELAXED);
@@ -402,7 +416,9 @@ outage(const char *mode)
 	}
 
 	/* Up again: recovery without help. */
-	CHECK(pgh_cluster("resume", state, NULL) == 0, "%s: cannot start PostgreSQL", mode);
+	CHECK(pgh_cluster(stuck ? "thaw" : "resume", state, NULL) == 0,
+	      "%s: cannot start PostgreSQL", mode);
+	frozen = 0;
 	up_at = t_now_ms();
 	for (;;) {
 		int recovered = 1;
@@ -499,6 +515,8 @@ outage(const char *mode)
 	free(db);
 	return;
 stop:
+	if (frozen)
+		pgh_cluster("thaw", state, NULL);
 	atomic_store(&stop, 1);
 	for (int i = 0; !loaders_joined && i < n_loaders; i++)
 		pthread_join(th[i], NULL);
@@ -526,12 +544,20 @@ postgres_crash_under_load_loses_no_acknowledged_append(void **st)
 	outage("immediate");
 }
 
+static void
+postgres_stuck_under_load_fails_calls_in_time_and_loses_no_acknowledged_append(void **st)
+{
+	(void)st;
+	outage("stuck");
+}
+
 int
 main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(postgres_fast_shutdown_under_load_loses_no_acknowledged_append),
 		cmocka_unit_test(postgres_crash_under_load_loses_no_acknowledged_append),
+		cmocka_unit_test(postgres_stuck_under_load_fails_calls_in_time_and_loses_no_acknowledged_append),
 	};
 
 	if (harness_init(argc, argv) != 0)
