@@ -44,49 +44,21 @@ enum {
 	EXIT_DATALOSS = 11,
 };
 
-static const char USAGE[] =
+/* The usage text: USAGE_HEAD, each command's lines (COMMANDS), USAGE_TAIL. */
+static const char USAGE_HEAD[] =
 "usage: histctl [--target ADDR] [--token KEY] [--timeout SEC] [--json]\n"
 "               [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]\n"
 "               COMMAND [ARGS]\n"
 "\n"
 "A command line client of histd, the conversation history service.\n"
-"\n"
-"Sessions:\n"
-"  create [--id ID] [--key K=V]... [--label K=V]... [--config JSON]\n"
-"                     create a session; prints its id\n"
-"  resolve --key K=V... [--label K=V]...\n"
-"                     get or create the session of these context keys;\n"
-"                     prints its id\n"
-"  session ID         show one session and its stats\n"
-"  list [--label K=V]... [--limit N]\n"
-"                     list sessions (all pages) as a table\n"
-"  delete ID [--revision N]\n"
-"                     delete a session and everything in it\n"
-"Messages:\n"
-"  append ID [TEXT...] [--role ROLE] [--author NAME] [-J|--json-input]\n"
-"         [--file FILE] [--meta K=V]... [--revision N] [--idempotency-key KEY]\n"
-"                     append TEXT (or standard input, or FILE) as one\n"
-"                     message; with --json-input the input is a message\n"
-"                     object, an array of them, or {\"messages\": [...]}\n"
-"  get ID [--view raw|context] [--last N] [--after SEQ] [--limit N] [--wide]\n"
-"                     print messages as a table (or JSON with --json)\n"
-"  tail ID [-n N] [-f]\n"
-"                     print the last N messages (10); with -f keep\n"
-"                     printing new ones as they are appended (Subscribe)\n"
-"                     until the session is deleted or SIGINT/SIGTERM\n"
-"  export ID --format F [--view raw|context]\n"
-"                     print the session as provider F's request body\n"
-"  import ID --format F [FILE|-] [--revision N] [--idempotency-key KEY]\n"
-"                     append a transcript in provider F's format\n"
-"  reduce ID [--max-tokens N] [--max-entries N] [--older-than SEC]\n"
-"                     compact the older part of the session now\n"
-"  health [SERVICE]   check the server (grpc.health.v1); exit 0 if serving\n"
-"  help [COMMAND]     this text\n"
+"A command refuses an option it does not list here (exit 2).\n";
+
+static const char USAGE_TAIL[] =
 "\n"
 "Formats: anthropic-messages, openai-chat, openai-responses, gemini,\n"
 "mistral. Roles: system, user, assistant, tool.\n"
 "\n"
-"Options (anywhere on the line):\n"
+"Options (anywhere on the line, with every command):\n"
 "  --target ADDR   server address (HISTD_TARGET; default " DEFAULT_TARGET ")\n"
 "  --token KEY     API key, sent as 'authorization: Bearer KEY' (HISTD_TOKEN)\n"
 "  --timeout SEC   deadline of each call, at most 86400 (default 30; 0: none;\n"
@@ -117,14 +89,33 @@ static volatile sig_atomic_t stopping;
 /* ------------------------------------------------------------------------
  * Errors and calls */
 
+/* "histctl: [COMMAND: ]MESSAGE (histctl help[ COMMAND])" */
+static int vusage_error(const char *command, const char *fmt, va_list ap)
+{
+	fputs("histctl: ", stderr);
+	if (command)
+		fprintf(stderr, "%s: ", command);
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, " (histctl help%s%s)\n", command ? " " : "", command ? command : "");
+	return EXIT_USAGE;
+}
+
 static int usage_error(const char *fmt, ...)
 {
 	va_list ap;
-	fputs("histctl: ", stderr);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vusage_error(NULL, fmt, ap);
 	va_end(ap);
-	fputs(" (histctl help)\n", stderr);
+	return EXIT_USAGE;
+}
+
+/* A usage error of one command, which names it. */
+static int command_usage_error(const char *command, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vusage_error(command, fmt, ap);
+	va_end(ap);
 	return EXIT_USAGE;
 }
 
@@ -305,12 +296,25 @@ static char *read_all(const char *path, size_t *len)
 	return buf;
 }
 
-/* Options every command accepts, so they may follow the command name. */
+/*
+ * Options. Every option may stand anywhere on the line, before or after the
+ * command name, but a command takes only the global ones (OPT_GLOBAL) and
+ * those its entry in COMMANDS lists: anything else is refused before any
+ * call is made. So the line is read in two steps: collect_options() notes
+ * every option as given, check_options() holds them against the command,
+ * and only then apply_options() reads their values.
+ */
 enum { O_TARGET = 1000, O_TOKEN, O_TIMEOUT, O_JSON, O_HELP, O_KEY, O_LABEL,
        O_CONFIG, O_ID, O_LIMIT, O_REVISION, O_ROLE, O_AUTHOR, O_JSONIN,
        O_FILE, O_IDEM, O_VIEW, O_LAST, O_AFTER, O_WIDE, O_FORMAT,
        O_MAXTOK, O_MAXENT, O_OLDER, O_META, O_TLS, O_TLS_CA, O_TLS_CERT,
-       O_TLS_KEY };
+       O_TLS_KEY, O_LINES, O_FOLLOW, O_END };
+
+_Static_assert(O_END - O_TARGET <= 64, "an option set is a 64-bit mask");
+#define OPT(o) (UINT64_C(1) << ((o) - O_TARGET))
+#define OPT_GLOBAL (OPT(O_TARGET) | OPT(O_TOKEN) | OPT(O_TIMEOUT) | OPT(O_JSON) | \
+		    OPT(O_HELP) | OPT(O_TLS) | OPT(O_TLS_CA) | OPT(O_TLS_CERT) | \
+		    OPT(O_TLS_KEY))
 
 static const struct option OPTIONS[] = {
 	{ "target", required_argument, NULL, O_TARGET },
@@ -345,8 +349,26 @@ static const struct option OPTIONS[] = {
 	{ NULL, 0, NULL, 0 },
 };
 
-/* Everything any command may be given, parsed once. */
+/* Short options and the long ones they stand for (-n and -f have none). */
+static const char SHORT_OPTIONS[] = ":n:fhjJ";
+static const struct { char c; int opt; } SHORT[] = {
+	{ 'n', O_LINES }, { 'f', O_FOLLOW }, { 'h', O_HELP }, { 'j', O_JSON },
+	{ 'J', O_JSONIN },
+};
+
+/* One option as it stood on the line. */
+typedef struct given {
+	int opt;           /* O_*, or 0 when histctl has no such option */
+	char shortname;    /* the letter if given as one, else 0 */
+	int missing;       /* its value is missing */
+	const char *arg;   /* its value (borrowed from argv), or NULL */
+	const char *typed; /* the argument as typed (names an unknown one) */
+} given;
+
+/* Everything any command may be given. */
 typedef struct args {
+	given *given;    /* every option in the order given */
+	int ngiven;
 	const char *target, *token;
 	const char *tls_ca, *tls_cert, *tls_key;
 	int timeout_s, json, help, wide, json_input, follow, tls;
@@ -359,17 +381,89 @@ typedef struct args {
 	int npos;
 } args;
 
-static int parse_args(int argc, char **argv, args *a)
+/* Notes every option; never fails but for memory. */
+static int collect_options(int argc, char **argv, args *a)
 {
-	int o;
+	int o, idx;
+	a->given = calloc((size_t)argc + 1, sizeof *a->given);
+	if (!a->given) {
+		fputs("histctl: out of memory\n", stderr);
+		return -1;
+	}
 	opterr = 0;
-	while ((o = getopt_long(argc, argv, ":n:fhjJ", OPTIONS, NULL)) != -1) {
-		switch (o) {
-		case O_TARGET: a->target = optarg; break;
-		case O_TOKEN: a->token = optarg; break;
+	while ((idx = -1, o = getopt_long(argc, argv, SHORT_OPTIONS, OPTIONS, &idx)) != -1) {
+		given *g = &a->given[a->ngiven++];
+		g->typed = argv[optind - 1];
+		g->arg = optarg;
+		if (o == ':') {
+			g->missing = 1;
+			o = optopt;
+		} else if (o == '?' && optopt > 0 && optopt < 128) {
+			g->shortname = (char)optopt;  /* an unknown letter */
+		}
+		if (o >= O_TARGET && o < O_END) {
+			g->opt = o;
+			continue;
+		}
+		for (size_t i = 0; i < sizeof SHORT / sizeof SHORT[0]; i++)
+			if (o == SHORT[i].c) {
+				g->opt = SHORT[i].opt;
+				g->shortname = SHORT[i].c;
+			}
+	}
+	a->pos = argv + optind;
+	a->npos = argc - optind;
+	return 0;
+}
+
+/* The option's name as histctl spells it: "--revision", "-n". */
+static const char *option_name(const given *g, char *buf, size_t n)
+{
+	if (g->shortname) {
+		snprintf(buf, n, "-%c", g->shortname);
+		return buf;
+	}
+	for (const struct option *lo = OPTIONS; lo->name; lo++)
+		if (lo->val == g->opt) {
+			snprintf(buf, n, "--%s", lo->name);
+			return buf;
+		}
+	return g->typed;
+}
+
+/* Refuses an option that command (NULL: none given) does not take, and
+ * one without its value: a usage error that names both. */
+static int check_options(const char *command, uint64_t takes, const args *a)
+{
+	for (int i = 0; i < a->ngiven; i++) {
+		const given *g = &a->given[i];
+		char buf[64];
+		const char *name = option_name(g, buf, sizeof buf);
+		if (!g->opt || !(OPT(g->opt) & (OPT_GLOBAL | takes))) {
+			/* Without "=VALUE" of --name=VALUE. */
+			command_usage_error(command, "unknown option %.*s",
+					    (int)strcspn(name, "="), name);
+			return -1;
+		}
+		if (g->missing) {
+			usage_error("%s needs a value", name);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* Reads the values of the options, which check_options() accepted. */
+static int apply_options(args *a)
+{
+	for (int i = 0; i < a->ngiven; i++) {
+		const char *v = a->given[i].arg;
+		switch (a->given[i].opt) {
+		case O_TARGET: a->target = v; break;
+		case O_TOKEN: a->token = v; break;
 		case O_TIMEOUT: {
 			uint32_t t;
-			if (parse_u32(optarg, "--timeout", &t) < 0)
+			if (parse_u32(v, "--timeout", &t) < 0)
 				return -1;
 			if (t > 86400) {
 				usage_error("--timeout is at most 86400 seconds");
@@ -378,53 +472,45 @@ static int parse_args(int argc, char **argv, args *a)
 			a->timeout_s = (int)t;
 			break;
 		}
-		case O_JSON: case 'j': a->json = 1; break;
-		case O_HELP: case 'h': a->help = 1; break;
-		case O_KEY: if (add_kv(&a->keys, optarg, "--key") < 0) return -1; break;
-		case O_LABEL: if (add_kv(&a->labels, optarg, "--label") < 0) return -1; break;
-		case O_META: if (add_kv(&a->meta, optarg, "--meta") < 0) return -1; break;
-		case O_CONFIG: a->config = optarg; break;
-		case O_ID: a->id = optarg; break;
+		case O_JSON: a->json = 1; break;
+		case O_HELP: a->help = 1; break;
+		case O_KEY: if (add_kv(&a->keys, v, "--key") < 0) return -1; break;
+		case O_LABEL: if (add_kv(&a->labels, v, "--label") < 0) return -1; break;
+		case O_META: if (add_kv(&a->meta, v, "--meta") < 0) return -1; break;
+		case O_CONFIG: a->config = v; break;
+		case O_ID: a->id = v; break;
 		case O_LIMIT:
-			if (parse_u32(optarg, "--limit", &a->limit) < 0) return -1;
+			if (parse_u32(v, "--limit", &a->limit) < 0) return -1;
 			a->has_limit = 1;
 			break;
-		case O_REVISION: if (parse_u64(optarg, "--revision", &a->revision) < 0) return -1; break;
-		case O_ROLE: a->role = optarg; break;
-		case O_AUTHOR: a->author = optarg; break;
-		case O_JSONIN: case 'J': a->json_input = 1; break;
-		case O_FILE: a->file = optarg; break;
-		case O_IDEM: a->idem = optarg; break;
-		case O_VIEW: a->view = optarg; break;
+		case O_REVISION: if (parse_u64(v, "--revision", &a->revision) < 0) return -1; break;
+		case O_ROLE: a->role = v; break;
+		case O_AUTHOR: a->author = v; break;
+		case O_JSONIN: a->json_input = 1; break;
+		case O_FILE: a->file = v; break;
+		case O_IDEM: a->idem = v; break;
+		case O_VIEW: a->view = v; break;
 		case O_LAST:
-			if (parse_u32(optarg, "--last", &a->last) < 0) return -1;
+			if (parse_u32(v, "--last", &a->last) < 0) return -1;
 			a->has_last = 1;
 			break;
-		case O_AFTER: if (parse_u64(optarg, "--after", &a->after) < 0) return -1; break;
+		case O_AFTER: if (parse_u64(v, "--after", &a->after) < 0) return -1; break;
 		case O_WIDE: a->wide = 1; break;
 		case O_TLS: a->tls = 1; break;
-		case O_TLS_CA: a->tls_ca = optarg; a->tls = 1; break;
-		case O_TLS_CERT: a->tls_cert = optarg; a->tls = 1; break;
-		case O_TLS_KEY: a->tls_key = optarg; a->tls = 1; break;
-		case O_FORMAT: a->format = optarg; break;
-		case O_MAXTOK: if (parse_u64(optarg, "--max-tokens", &a->max_tokens) < 0) return -1; break;
-		case O_MAXENT: if (parse_u32(optarg, "--max-entries", &a->max_entries) < 0) return -1; break;
-		case O_OLDER: if (parse_u64(optarg, "--older-than", &a->older) < 0) return -1; break;
-		case 'n':
-			if (parse_u32(optarg, "-n", &a->n) < 0) return -1;
+		case O_TLS_CA: a->tls_ca = v; a->tls = 1; break;
+		case O_TLS_CERT: a->tls_cert = v; a->tls = 1; break;
+		case O_TLS_KEY: a->tls_key = v; a->tls = 1; break;
+		case O_FORMAT: a->format = v; break;
+		case O_MAXTOK: if (parse_u64(v, "--max-tokens", &a->max_tokens) < 0) return -1; break;
+		case O_MAXENT: if (parse_u32(v, "--max-entries", &a->max_entries) < 0) return -1; break;
+		case O_OLDER: if (parse_u64(v, "--older-than", &a->older) < 0) return -1; break;
+		case O_LINES:
+			if (parse_u32(v, "-n", &a->n) < 0) return -1;
 			a->has_n = 1;
 			break;
-		case 'f': a->follow = 1; break;
-		case ':':
-			usage_error("%s needs a value", argv[optind - 1]);
-			return -1;
-		default:
-			usage_error("unknown option %s", argv[optind - 1]);
-			return -1;
+		case O_FOLLOW: a->follow = 1; break;
 		}
 	}
-	a->pos = argv + optind;
-	a->npos = argc - optind;
 	return 0;
 }
 
@@ -1321,23 +1407,146 @@ static int read_tls_files(const args *a, char *pem[3])
 	return EXIT_OKAY;
 }
 
+static int cmd_help(ctl *c, args *a);
+static int cmd_version(ctl *c, args *a);
+
+/*
+ * The commands: each with the options it takes besides OPT_GLOBAL (any
+ * other is refused, check_options) and its part of the usage text, which
+ * names the same options. In the order of the usage text.
+ */
 static const struct command {
 	const char *name;
 	int (*fn)(ctl *c, args *a);
+	uint64_t takes;
+	const char *group;   /* a heading before it in the usage text */
+	const char *usage;
+	int local;           /* runs without a channel */
 } COMMANDS[] = {
-	{ "create", cmd_create },
-	{ "resolve", cmd_resolve },
-	{ "session", cmd_session },
-	{ "list", cmd_list },
-	{ "delete", cmd_delete },
-	{ "append", cmd_append },
-	{ "get", cmd_get },
-	{ "tail", cmd_tail },
-	{ "export", cmd_export },
-	{ "import", cmd_import },
-	{ "reduce", cmd_reduce },
-	{ "health", cmd_health },
+	{ .name = "create", .fn = cmd_create,
+	  .takes = OPT(O_ID) | OPT(O_KEY) | OPT(O_LABEL) | OPT(O_CONFIG),
+	  .group = "Sessions",
+	  .usage =
+"  create [--id ID] [--key K=V]... [--label K=V]... [--config JSON]\n"
+"                     create a session; prints its id\n" },
+	{ .name = "resolve", .fn = cmd_resolve,
+	  .takes = OPT(O_KEY) | OPT(O_LABEL),
+	  .usage =
+"  resolve --key K=V... [--label K=V]...\n"
+"                     get or create the session of these context keys;\n"
+"                     prints its id\n" },
+	{ .name = "session", .fn = cmd_session,
+	  .usage =
+"  session ID         show one session and its stats\n" },
+	{ .name = "list", .fn = cmd_list,
+	  .takes = OPT(O_LABEL) | OPT(O_LIMIT),
+	  .usage =
+"  list [--label K=V]... [--limit N]\n"
+"                     list sessions (all pages) as a table\n" },
+	{ .name = "delete", .fn = cmd_delete,
+	  .takes = OPT(O_REVISION),
+	  .usage =
+"  delete ID [--revision N]\n"
+"                     delete a session and everything in it\n" },
+	{ .name = "append", .fn = cmd_append,
+	  .takes = OPT(O_ROLE) | OPT(O_AUTHOR) | OPT(O_JSONIN) | OPT(O_FILE) |
+		   OPT(O_META) | OPT(O_REVISION) | OPT(O_IDEM),
+	  .group = "Messages",
+	  .usage =
+"  append ID [TEXT...] [--role ROLE] [--author NAME] [-J|--json-input]\n"
+"         [--file FILE] [--meta K=V]... [--revision N] [--idempotency-key KEY]\n"
+"                     append TEXT (or standard input, or FILE) as one\n"
+"                     message; with --json-input the input is a message\n"
+"                     object, an array of them, or {\"messages\": [...]}\n" },
+	{ .name = "get", .fn = cmd_get,
+	  .takes = OPT(O_VIEW) | OPT(O_LAST) | OPT(O_AFTER) | OPT(O_LIMIT) |
+		   OPT(O_WIDE),
+	  .usage =
+"  get ID [--view raw|context] [--last N] [--after SEQ] [--limit N] [--wide]\n"
+"                     print messages as a table (or JSON with --json)\n" },
+	{ .name = "tail", .fn = cmd_tail,
+	  .takes = OPT(O_LINES) | OPT(O_FOLLOW) | OPT(O_WIDE),
+	  .usage =
+"  tail ID [-n N] [-f] [--wide]\n"
+"                     print the last N messages (10); with -f keep\n"
+"                     printing new ones as they are appended (Subscribe)\n"
+"                     until the session is deleted or SIGINT/SIGTERM\n" },
+	{ .name = "export", .fn = cmd_export,
+	  .takes = OPT(O_FORMAT) | OPT(O_VIEW),
+	  .usage =
+"  export ID --format F [--view raw|context]\n"
+"                     print the session as provider F's request body\n" },
+	{ .name = "import", .fn = cmd_import,
+	  .takes = OPT(O_FORMAT) | OPT(O_FILE) | OPT(O_REVISION) | OPT(O_IDEM),
+	  .usage =
+"  import ID --format F [FILE|-|--file FILE] [--revision N]\n"
+"         [--idempotency-key KEY]\n"
+"                     append a transcript in provider F's format\n" },
+	{ .name = "reduce", .fn = cmd_reduce,
+	  .takes = OPT(O_MAXTOK) | OPT(O_MAXENT) | OPT(O_OLDER),
+	  .usage =
+"  reduce ID [--max-tokens N] [--max-entries N] [--older-than SEC]\n"
+"                     compact the older part of the session now\n" },
+	{ .name = "health", .fn = cmd_health,
+	  .group = "Other",
+	  .usage =
+"  health [SERVICE]   check the server (grpc.health.v1); exit 0 if serving\n" },
+	{ .name = "help", .fn = cmd_help,
+	  .usage =
+"  help [COMMAND]     this text, or COMMAND's part of it\n",
+	  .local = 1 },
+	{ .name = "version", .fn = cmd_version,
+	  .usage =
+"  version            print histctl's version\n",
+	  .local = 1 },
 };
+
+static const struct command *find_command(const char *name)
+{
+	for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+		if (strcmp(name, COMMANDS[i].name) == 0)
+			return &COMMANDS[i];
+	return NULL;
+}
+
+/* The whole usage text (cmd NULL or help), or cmd's part of it. */
+static void print_usage(const struct command *cmd)
+{
+	if (cmd && cmd->fn != cmd_help) {
+		fputs(cmd->usage, stdout);
+		fputs("\nand the options of every command: --target, --token, --timeout,\n"
+		      "--json, --tls, --tls-ca, --tls-cert, --tls-key (histctl help)\n", stdout);
+		return;
+	}
+	fputs(USAGE_HEAD, stdout);
+	for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++) {
+		if (COMMANDS[i].group)
+			printf("\n%s:\n", COMMANDS[i].group);
+		fputs(COMMANDS[i].usage, stdout);
+	}
+	fputs(USAGE_TAIL, stdout);
+}
+
+static int cmd_help(ctl *c, args *a)
+{
+	const struct command *cmd = NULL;
+	(void)c;
+	if (no_more_args(a, 2) < 0)
+		return EXIT_USAGE;
+	if (a->npos > 1 && !(cmd = find_command(a->pos[1])))
+		return usage_error("unknown command '%s'", a->pos[1]);
+	print_usage(cmd);
+	return EXIT_OKAY;
+}
+
+static int cmd_version(ctl *c, args *a)
+{
+	(void)c;
+	if (no_more_args(a, 1) < 0)
+		return EXIT_USAGE;
+	printf("histctl %s\n", HISTCTL_VERSION);
+	return EXIT_OKAY;
+}
 
 int main(int argc, char **argv)
 {
@@ -1352,25 +1561,26 @@ int main(int argc, char **argv)
 	a.timeout_s = 30;
 	a.target = getenv("HISTD_TARGET");
 	a.token = getenv("HISTD_TOKEN");
-	if (parse_args(argc, argv, &a) < 0) {
+	if (collect_options(argc, argv, &a) < 0) {
+		rc = EXIT_ERROR;
+		goto out;
+	}
+	if (a.npos > 0 && !(cmd = find_command(a.pos[0]))) {
+		rc = usage_error("unknown command '%s'", a.pos[0]);
+		goto out;
+	}
+	if (check_options(cmd ? cmd->name : NULL, cmd ? cmd->takes : 0, &a) < 0 ||
+	    apply_options(&a) < 0) {
 		rc = EXIT_USAGE;
 		goto out;
 	}
-	if (a.npos == 0 || strcmp(a.pos[0], "help") == 0 || a.help) {
-		fputs(USAGE, stdout);
-		rc = a.npos == 0 && !a.help ? EXIT_USAGE : EXIT_OKAY;
+	if (!cmd || a.help) {
+		print_usage(cmd);
+		rc = !cmd && !a.help ? EXIT_USAGE : EXIT_OKAY;
 		goto out;
 	}
-	if (strcmp(a.pos[0], "version") == 0) {
-		printf("histctl %s\n", HISTCTL_VERSION);
-		rc = EXIT_OKAY;
-		goto out;
-	}
-	for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
-		if (strcmp(a.pos[0], COMMANDS[i].name) == 0)
-			cmd = &COMMANDS[i];
-	if (!cmd) {
-		rc = usage_error("unknown command '%s'", a.pos[0]);
+	if (cmd->local) {
+		rc = cmd->fn(&c, &a);
 		goto out;
 	}
 	if (!a.target || !*a.target)
@@ -1414,5 +1624,6 @@ out:
 	json_decref(a.keys);
 	json_decref(a.labels);
 	json_decref(a.meta);
+	free(a.given);
 	return rc;
 }

@@ -153,6 +153,67 @@ check "an unreachable server is exit 7 (UNAVAILABLE)" [ "$rc" -eq 7 ]
 check "errors are one line on stderr" [ "$(wc -l <"$dir/err")" -eq 1 ]
 check "a failed list prints no table header" [ ! -s "$dir/listout" ]
 sid2=$(ctl create)
+
+# Each command takes the global options and its own, and refuses any other
+# (another command's too) as a usage error naming both, before any call.
+ctl session "$sid2" --json >"$dir/before.json"
+expect_exit "session refuses --revision (delete's)" 2 session "$sid2" --revision 3
+check "the error names the command and the option" \
+	grep -q "^histctl: session: unknown option --revision" "$dir/err"
+expect_exit "an option before the command is held against it too" 2 --revision 3 session "$sid2"
+expect_exit "get refuses tail's -f" 2 get "$sid2" -f
+check "the error names -f" grep -q "get: unknown option -f" "$dir/err"
+expect_exit "list refuses --revision" 2 list --revision 1
+expect_exit "health refuses --limit" 2 health --limit 1
+expect_exit "a foreign option without its value is refused as foreign" 2 session "$sid2" --revision
+check "... and named as such" grep -q "session: unknown option --revision" "$dir/err"
+expect_exit "append refuses get's --view" 2 append "$sid2" "must not land" --view raw
+check "the error names append and --view" grep -q "append: unknown option --view" "$dir/err"
+expect_exit "delete refuses get's --limit" 2 delete "$sid2" --limit 1
+ctl session "$sid2" --json >"$dir/after.json"
+check "a refused append or delete changed nothing on the server" \
+	[ "$(json_get "$dir/after.json" 'd.get("revision"), d.get("stats", {}).get("message_count")')" = \
+	  "$(json_get "$dir/before.json" 'd.get("revision"), d.get("stats", {}).get("message_count")')" ]
+check "a refused append appended nothing" [ "$(json_get "$dir/after.json" 'd.get("stats", {}).get("message_count", "0")')" = 0 ]
+ctl help session >"$dir/out"
+rc=$?
+check "help COMMAND prints that command only, and exits 0" sh -c \
+	"[ $rc -eq 0 ] && grep -q '^  session ID' '$dir/out' && ! grep -q -- --revision '$dir/out'"
+expect_exit "help of an unknown command is a usage error" 2 help frobnicate
+
+# The same for every command and every option of the others: the usage
+# text's commands and the options each one's help lists are what it takes.
+ctl help | sed -n '/^Sessions:/,/^Formats:/p' >"$dir/usage"
+ctl help | sed -n '/^Options/,/^$/p' | grep -o -- '--[a-z][a-z-]*' | sort -u >"$dir/global"
+flags=$(grep -o -- '--[a-z][a-z-]*' "$dir/usage" | sort -u | grep -vxF -f "$dir/global")
+commands=$(sed -n 's/^  \([a-z][a-z]*\)\( .*\)\{0,1\}$/\1/p' "$dir/usage")
+refused=0 taken=0 wrong=
+for cmd in $commands; do
+	own=$(ctl help "$cmd" | sed '/^$/q' | grep -o -- '--[a-z][a-z-]*' | sort -u)
+	for flag in $flags; do
+		if printf '%s\n' "$own" | grep -qx -- "$flag"; then
+			# Its own: whatever else fails, not as an unknown option
+			# (a closed port: nothing is changed anywhere).
+			"$histctl" --target 127.0.0.1:1 --timeout 2 "$cmd" x "$flag" 1 \
+				>/dev/null 2>"$dir/err" </dev/null
+			if grep -q "unknown option" "$dir/err"; then wrong="$wrong $cmd:$flag"
+			else taken=$((taken + 1)); fi
+			continue
+		fi
+		"$histctl" --target "$target" "$cmd" x "$flag" 1 >/dev/null 2>"$dir/err" </dev/null
+		rc=$?
+		if [ "$rc" -eq 2 ] && grep -q "^histctl: $cmd: unknown option $flag " "$dir/err"; then
+			refused=$((refused + 1))
+		else
+			wrong="$wrong $cmd$flag(exit $rc)"
+		fi
+	done
+done
+if [ -z "$wrong" ] && [ "$refused" -gt 100 ] && [ "$taken" -gt 20 ]; then
+	ok "every command refuses the others' options ($refused) and takes its own ($taken)"
+else
+	bad "options of the wrong command ($refused refused, $taken taken):$wrong"
+fi
 expect_exit "export with an unknown format is a usage error" 2 export "$sid2" --format klingon
 "$histctl" --target "$target" export "$sid2" --format openai-chat >/dev/null 2>&1
 rc=$?
