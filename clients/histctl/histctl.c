@@ -514,6 +514,28 @@ static int apply_options(args *a)
 	return 0;
 }
 
+/* The positional arguments from `from` on, joined by spaces as typed (no
+ * escaping of newlines); NULL when out of memory. Sets *len. */
+static char *join_args(const args *a, int from, size_t *len)
+{
+	size_t n = 1;
+	char *s, *p;
+	for (int i = from; i < a->npos; i++)
+		n += strlen(a->pos[i]) + 1;
+	if (!(s = p = malloc(n))) {
+		fputs("histctl: out of memory\n", stderr);
+		return NULL;
+	}
+	*p = 0;
+	for (int i = from; i < a->npos; i++) {
+		if (i > from)
+			*p++ = ' ';
+		p = stpcpy(p, a->pos[i]);
+	}
+	*len = (size_t)(p - s);
+	return s;
+}
+
 /* The command's one session id argument. */
 static const char *session_arg(const args *a)
 {
@@ -991,23 +1013,8 @@ static int cmd_append(ctl *c, args *a)
 	if (a->npos > 2 && (a->file || a->json_input))
 		return usage_error("give TEXT or --file/--json-input, not both");
 	if (a->npos > 2) {
-		sbuf b = { 0 };
-		for (int i = 2; i < a->npos; i++) {
-			if (i > 2)
-				sb_printf(&b, " ");
-			/* Kept as typed: no escaping of newlines here. */
-			for (const char *p = a->pos[i]; *p; p++) {
-				if (b.n + 2 > b.cap) {
-					char *ns = realloc(b.s, b.cap = b.cap * 2 + 64);
-					if (!ns) { free(b.s); return EXIT_ERROR; }
-					b.s = ns;
-				}
-				b.s[b.n++] = *p;
-				b.s[b.n] = 0;
-			}
-		}
-		input = b.s;
-		len = b.n;
+		if (!(input = join_args(a, 2, &len)))
+			return EXIT_ERROR;
 	} else {
 		input = read_all(a->file ? a->file : "-", &len);
 		if (!input)
