@@ -56,7 +56,8 @@ static const char USAGE_HEAD[] =
 static const char USAGE_TAIL[] =
 "\n"
 "Formats: anthropic-messages, openai-chat, openai-responses, gemini,\n"
-"mistral. Roles: system, user, assistant, tool.\n"
+"mistral. Roles: system, user, assistant, tool. Search modes: lexical,\n"
+"semantic, hybrid.\n"
 "\n"
 "Options (anywhere on the line, with every command):\n"
 "  --target ADDR   server address (HISTD_TARGET; default " DEFAULT_TARGET ")\n"
@@ -308,7 +309,8 @@ enum { O_TARGET = 1000, O_TOKEN, O_TIMEOUT, O_JSON, O_HELP, O_KEY, O_LABEL,
        O_CONFIG, O_ID, O_LIMIT, O_REVISION, O_ROLE, O_AUTHOR, O_JSONIN,
        O_FILE, O_IDEM, O_VIEW, O_LAST, O_AFTER, O_WIDE, O_FORMAT,
        O_MAXTOK, O_MAXENT, O_OLDER, O_META, O_TLS, O_TLS_CA, O_TLS_CERT,
-       O_TLS_KEY, O_LINES, O_FOLLOW, O_END };
+       O_TLS_KEY, O_LINES, O_FOLLOW, O_SESSION, O_MODE, O_TOOLRES,
+       O_NONEWEST, O_END };
 
 _Static_assert(O_END - O_TARGET <= 64, "an option set is a 64-bit mask");
 #define OPT(o) (UINT64_C(1) << ((o) - O_TARGET))
@@ -346,6 +348,10 @@ static const struct option OPTIONS[] = {
 	{ "tls-ca", required_argument, NULL, O_TLS_CA },
 	{ "tls-cert", required_argument, NULL, O_TLS_CERT },
 	{ "tls-key", required_argument, NULL, O_TLS_KEY },
+	{ "session", required_argument, NULL, O_SESSION },
+	{ "mode", required_argument, NULL, O_MODE },
+	{ "include-tool-results", no_argument, NULL, O_TOOLRES },
+	{ "exclude-newest", no_argument, NULL, O_NONEWEST },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -372,8 +378,10 @@ typedef struct args {
 	const char *target, *token;
 	const char *tls_ca, *tls_cert, *tls_key;
 	int timeout_s, json, help, wide, json_input, follow, tls;
-	json_t *keys, *labels, *meta;
+	int tool_results, exclude_newest;
+	json_t *keys, *labels, *meta, *roles;
 	const char *config, *id, *role, *author, *file, *idem, *view, *format;
+	const char *session, *mode;
 	uint64_t revision, after, max_tokens, older;
 	uint32_t limit, last, max_entries, n;
 	int has_limit, has_last, has_n;
@@ -484,7 +492,16 @@ static int apply_options(args *a)
 			a->has_limit = 1;
 			break;
 		case O_REVISION: if (parse_u64(v, "--revision", &a->revision) < 0) return -1; break;
-		case O_ROLE: a->role = v; break;
+		case O_ROLE:
+			/* append takes the last, search every one. */
+			a->role = v;
+			if (!a->roles)
+				a->roles = json_array();
+			if (!a->roles || json_array_append_new(a->roles, json_string(v)) < 0) {
+				usage_error("--role must be UTF-8");
+				return -1;
+			}
+			break;
 		case O_AUTHOR: a->author = v; break;
 		case O_JSONIN: a->json_input = 1; break;
 		case O_FILE: a->file = v; break;
@@ -509,6 +526,10 @@ static int apply_options(args *a)
 			a->has_n = 1;
 			break;
 		case O_FOLLOW: a->follow = 1; break;
+		case O_SESSION: a->session = v; break;
+		case O_MODE: a->mode = v; break;
+		case O_TOOLRES: a->tool_results = 1; break;
+		case O_NONEWEST: a->exclude_newest = 1; break;
 		}
 	}
 	return 0;
@@ -672,10 +693,11 @@ static size_t content_width(const ctl *c, size_t used)
 
 static const char ROW_FMT[] = "%6s  %-9s  %-10s  %6s  ";
 
-static void print_message_row(const ctl *c, const Histd__V1__Message *m)
+/* One message on one line; used: the width already printed on it. */
+static void print_message_row(const ctl *c, const Histd__V1__Message *m, size_t used)
 {
 	char seq[24], tok[16], role[16];
-	size_t width = content_width(c, 41);
+	size_t width = content_width(c, used + 41);
 	sbuf b = { 0 };
 
 	snprintf(seq, sizeof seq, "%" PRIu64, m->seq);
@@ -1129,7 +1151,7 @@ static int cmd_get(ctl *c, args *a)
 				header = 1;
 			}
 			for (size_t i = 0; i < n; i++)
-				print_message_row(c, r->messages[i]);
+				print_message_row(c, r->messages[i], 0);
 		}
 		shown += n;
 		/* Only the RAW view pages; --last and CONTEXT are one answer. */
@@ -1145,6 +1167,83 @@ static int cmd_get(ctl *c, args *a)
 		putchar('\n');
 	}
 	json_decref(out);
+	return rc;
+}
+
+/* A search hit's columns before those of its message. */
+static const char HIT_FMT[] = "%8s  %-36s  ";
+
+static int cmd_search(ctl *c, args *a)
+{
+	json_t *req, *roles, *role;
+	ProtobufCMessage *msg = NULL;
+	Histd__V1__SearchResponse *r = NULL;
+	char *query;
+	size_t len, i;
+	int rc = EXIT_USAGE, v;
+
+	if (a->npos < 2)
+		return command_usage_error("search", "needs a query");
+	if (a->session && a->labels)
+		return command_usage_error("search", "give --session or --label, not both");
+	if (!(query = join_args(a, 1, &len)))
+		return EXIT_ERROR;
+	req = json_pack("{ss%}", "query", query, len);
+	free(query);
+	if (!req) {
+		fputs("histctl: the query is not valid UTF-8\n", stderr);
+		return EXIT_INVALID;
+	}
+	if (a->session)
+		json_object_set_new(req, "session_id", json_string(a->session));
+	if (a->labels)
+		json_object_set(req, "label_selector", a->labels);
+	if (a->has_limit)
+		json_object_set_new(req, "k", json_integer(a->limit));
+	if (a->mode) {
+		if (parse_enum(&histd__v1__search_mode__descriptor, a->mode, "mode", &v) < 0)
+			goto out;
+		json_object_set_new(req, "mode", json_integer(v));
+	}
+	if (a->roles) {
+		json_object_set_new(req, "roles", roles = json_array());
+		json_array_foreach(a->roles, i, role) {
+			if (parse_enum(&histd__v1__role__descriptor, json_string_value(role),
+				       "role", &v) < 0)
+				goto out;
+			json_array_append_new(roles, json_integer(v));
+		}
+	}
+	if (a->tool_results)
+		json_object_set_new(req, "include_tool_results", json_true());
+	if (a->exclude_newest)
+		json_object_set_new(req, "exclude_newest", json_true());
+	if ((rc = request_from_json(&histd__v1__search_request__descriptor, req, &msg)))
+		goto out;
+	rc = call(c, HISTD_PATH("Search"), msg, &histd__v1__search_response__descriptor, &r);
+	if (rc == EXIT_OKAY && c->json) {
+		print_json(&r->base, JSON_INDENT(2));
+	} else if (rc == EXIT_OKAY) {
+		printf(HIT_FMT, "SCORE", "SESSION");
+		print_message_header();
+		for (i = 0; i < r->n_hits; i++) {
+			const Histd__V1__SearchHit *h = r->hits[i];
+			char score[32];
+			snprintf(score, sizeof score, "%.4f", h->score);
+			printf(HIT_FMT, score, h->session_id);
+			if (h->message)
+				print_message_row(c, h->message, 48);
+			else
+				printf("%6" PRIu64 "\n", h->seq);
+		}
+		for (i = 0; i < r->n_lexical_fallback_sessions; i++)
+			fprintf(stderr, "histctl: searched by words (no embeddings): %s\n",
+				r->lexical_fallback_sessions[i]);
+	}
+out:
+	protobuf_c_message_free_unpacked(msg, NULL);
+	histd_client_message_free((ProtobufCMessage *)r);
+	json_decref(req);
 	return rc;
 }
 
@@ -1165,12 +1264,12 @@ static int print_event(const ctl *c, const Histd__V1__HistoryEvent *e)
 	switch (e->event_case) {
 	case HISTD__V1__HISTORY_EVENT__EVENT_APPENDED:
 		for (size_t i = 0; i < e->appended->n_messages; i++)
-			print_message_row(c, e->appended->messages[i]);
+			print_message_row(c, e->appended->messages[i], 0);
 		break;
 	case HISTD__V1__HISTORY_EVENT__EVENT_REPLACED:
 		printf("# replaced: %zu messages\n", e->replaced->n_messages);
 		for (size_t i = 0; i < e->replaced->n_messages; i++)
-			print_message_row(c, e->replaced->messages[i]);
+			print_message_row(c, e->replaced->messages[i], 0);
 		break;
 	case HISTD__V1__HISTORY_EVENT__EVENT_CLEARED:
 		printf("# cleared up to seq %" PRIu64 "\n", e->cleared->cleared_to_seq);
@@ -1272,7 +1371,7 @@ static int cmd_tail(ctl *c, args *a)
 			if (c->json)
 				print_json(&r->messages[i]->base, JSON_COMPACT);
 			else
-				print_message_row(c, r->messages[i]);
+				print_message_row(c, r->messages[i], 0);
 		}
 	}
 	histd_client_message_free((ProtobufCMessage *)r);
@@ -1471,6 +1570,17 @@ static const struct command {
 	  .usage =
 "  get ID [--view raw|context] [--last N] [--after SEQ] [--limit N] [--wide]\n"
 "                     print messages as a table (or JSON with --json)\n" },
+	{ .name = "search", .fn = cmd_search,
+	  .takes = OPT(O_SESSION) | OPT(O_LABEL) | OPT(O_MODE) | OPT(O_ROLE) |
+		   OPT(O_LIMIT) | OPT(O_TOOLRES) | OPT(O_NONEWEST) | OPT(O_WIDE),
+	  .usage =
+"  search QUERY... [--session ID | --label K=V...] [--mode MODE]\n"
+"         [--role ROLE]... [--limit N] [--include-tool-results]\n"
+"         [--exclude-newest] [--wide]\n"
+"                     find messages by words (mode lexical, the default),\n"
+"                     by meaning (semantic) or both (hybrid), in session\n"
+"                     ID, in the sessions with these labels, or in all;\n"
+"                     prints the best N (10; at most 100), best first\n" },
 	{ .name = "tail", .fn = cmd_tail,
 	  .takes = OPT(O_LINES) | OPT(O_FOLLOW) | OPT(O_WIDE),
 	  .usage =
@@ -1631,6 +1741,7 @@ out:
 	json_decref(a.keys);
 	json_decref(a.labels);
 	json_decref(a.meta);
+	json_decref(a.roles);
 	free(a.given);
 	return rc;
 }

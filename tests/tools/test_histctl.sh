@@ -28,6 +28,13 @@ expect_exit() { # expect_exit NAME CODE histctl-args...
 	if [ "$got" -eq "$want" ]; then ok "$name (exit $got)"
 	else bad "$name: exit $got, want $want: $(cat "$dir/err")"; fi
 }
+expect_usage() { # expect_usage NAME MESSAGE histctl-args...: exit 2, MESSAGE on stderr
+	name=$1 want=$2; shift 2
+	"$histctl" --target "$target" "$@" >"$dir/out" 2>"$dir/err" </dev/null
+	got=$?
+	if [ "$got" -eq 2 ] && grep -qF -- "$want" "$dir/err"; then ok "$name (exit 2)"
+	else bad "$name: exit $got, want 2 and '$want': $(cat "$dir/err")"; fi
+}
 ctl() { "$histctl" --target "$target" "$@"; }
 json_get() { # json_get FILE PYTHON-EXPR-ON-d: prints the value
 	/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"
@@ -108,6 +115,49 @@ check "get --after --limit pages" [ "$(json_get "$dir/page.json" '[m["seq"] for 
 ctl get "$sid" --view context >/dev/null
 check "get --view context answers" [ $? -eq 0 ]
 expect_exit "get with an unknown view is a usage error" 2 get "$sid" --view sideways
+
+# Search: by words, in one session, in sessions by label, or in all.
+sa=$(ctl create --label app=search)
+sb=$(ctl create)
+ctl append "$sa" --author finder "the zanzibar quokka report" >/dev/null
+ctl append "$sa" "nothing to see" >/dev/null
+ctl append "$sb" --role assistant "a quokka again" >/dev/null
+ctl search quokka --session "$sa" >"$dir/search"
+rc=$?
+check "search prints a table of hits (exit 0)" [ "$rc" -eq 0 ]
+check "search's table has a header" grep -q "^ *SCORE  SESSION .* SEQ  ROLE .*CONTENT" "$dir/search"
+check "search's table shows the appended message" \
+	grep -q "$sa  *1  user  *finder .*the zanzibar quokka report" "$dir/search"
+check "search --session finds nothing in other sessions" [ "$(grep -c quokka "$dir/search")" -eq 1 ]
+ctl search zanzibar quokka --json >"$dir/search.json"
+check "search --json holds the hit with session, seq and message" \
+	[ "$(json_get "$dir/search.json" 'd["hits"][0]["session_id"], d["hits"][0]["seq"], d["hits"][0]["message"]["content"][0]["text"]["text"]')" = \
+	  "('$sa', '1', 'the zanzibar quokka report')" ]
+check "search --json: the best hit first, every session in scope" \
+	[ "$(json_get "$dir/search.json" 'sorted(h["session_id"] for h in d["hits"]) == sorted(["'"$sa"'", "'"$sb"'"]) and d["hits"][0]["score"] >= d["hits"][1]["score"]')" = True ]
+ctl search quokka --label app=search --json >"$dir/search.json"
+check "search --label keeps to the labelled sessions" \
+	[ "$(json_get "$dir/search.json" '[h["session_id"] for h in d["hits"]]')" = "['$sa']" ]
+ctl search quokka --role assistant --json >"$dir/search.json"
+check "search --role keeps to that role" \
+	[ "$(json_get "$dir/search.json" '[h["session_id"] for h in d["hits"]]')" = "['$sb']" ]
+ctl search quokka --limit 1 --json >"$dir/search.json"
+check "search --limit caps the hits" [ "$(json_get "$dir/search.json" 'len(d["hits"])')" = 1 ]
+ctl search quokka --mode hybrid --json >"$dir/search.json" 2>/dev/null
+check "search --mode is sent (hybrid without embeddings falls back to words)" \
+	[ "$(json_get "$dir/search.json" 'd["mode"], len(d["hits"]), {"'"$sa"'", "'"$sb"'"} <= set(d.get("lexical_fallback_sessions", []))')" = \
+	  "('SEARCH_MODE_LEXICAL', 2, True)" ]
+expect_usage "search refuses an option it does not take" "search: unknown option --revision" \
+	search quokka --revision 1
+expect_usage "search refuses an unknown mode" "unknown mode 'sideways'" search quokka --mode sideways
+expect_usage "search refuses an unknown role" "unknown role 'robot'" search quokka --role robot
+expect_usage "search needs a query" "search: needs a query" search
+expect_usage "search takes --session or --label, not both" "not both" \
+	search quokka --session "$sa" --label app=search
+ctl help search >"$dir/out"
+check "help search lists its options" grep -q -- "--include-tool-results" "$dir/out"
+ctl help >"$dir/out"
+check "help lists search" grep -q "^  search QUERY" "$dir/out"
 
 # tail -f: replays the last N, then receives live appends.
 "$histctl" --target "$target" tail "$sid" -n 1 -f >"$dir/tail" 2>"$dir/tail.err" &
