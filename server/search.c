@@ -210,6 +210,7 @@ scope_add(scope *s, const histd_session *x)
 	Histd__V1__SessionConfig *cfg = NULL;
 	const char *prov = NULL, *model = NULL;
 	sess_emb e = { 0 };
+	int has;
 
 	if (s->n == s->cap) {
 		size_t nc = s->cap ? s->cap * 2 : 16;
@@ -220,8 +221,10 @@ scope_add(scope *s, const histd_session *x)
 		s->v = v;
 		s->cap = nc;
 	}
-	if (histd_search_session_embedding(x->config, x->config_len, &cfg, &prov,
-					   &model)) {
+	/* 0 may still set prov: to "", for a session that opts out. */
+	has = histd_search_session_embedding(x->config, x->config_len, &cfg,
+					     &prov, &model);
+	if (has) {
 		e.provider = strdup(prov);
 		e.model = strdup(model);
 	}
@@ -229,7 +232,7 @@ scope_add(scope *s, const histd_session *x)
 		histd__v1__session_config__free_unpacked(cfg, NULL);
 	e.id = strdup(x->id);
 	e.last_seq = x->last_seq;
-	if (!e.id || (prov && (!e.provider || !e.model))) {
+	if (!e.id || (has && (!e.provider || !e.model))) {
 		free(e.id);
 		free(e.provider);
 		free(e.model);
@@ -303,16 +306,15 @@ static int
 semantic(histd_driver *d, const histd_search_query *base, scope *sc, plan *p)
 {
 	const histd_search_embedder *e = atomic_load(&embedder);
-	const char **ids;
-	char *done;
+	size_t room = sc->n ? sc->n : 1;
+	const char **ids = malloc(room * sizeof(*ids));
+	char *done = calloc(room, 1);
 	int rc = 0;
 
-	if (!(ids = malloc((sc->n ? sc->n : 1) * sizeof(*ids))) ||
-	    !(done = calloc(sc->n ? sc->n : 1, 1)) ||
-	    !(p->fallback = malloc((sc->n ? sc->n : 1) * sizeof(*p->fallback)))) {
-		free(ids);
-		return enomem();
-	}
+	/* p->fallback is the caller's to free, whatever happens here. */
+	p->fallback = malloc(room * sizeof(*p->fallback));
+	if (!ids || !done || !p->fallback)
+		rc = enomem();
 	for (size_t i = 0; i < sc->n && rc == 0; i++) {
 		histd_search_query q = *base;
 		const char *model_out = NULL;
@@ -351,20 +353,20 @@ semantic(histd_driver *d, const histd_search_query *base, scope *sc, plan *p)
 			for (size_t j = 0; j < n; j++)
 				p->fallback[p->n_fallback++] = (char *)ids[j];
 			rc = 0;
-			continue;
+		} else if (rc == 0) {
+			q.mode = HISTD_SEARCH_SEMANTIC;
+			q.vector = v;
+			q.dim = dim;
+			q.model = model_out && model_out[0] ? model_out
+							    : sc->v[i].model;
+			q.session_ids = ids;
+			q.n_session_ids = n;
+			q.labels = NULL;
+			q.n_labels = 0;
+			if ((rc = plan_search(d, &q, p)) == 0)
+				p->semantic_used = 1;
 		}
-		if (rc)
-			break;
-		q.mode = HISTD_SEARCH_SEMANTIC;
-		q.vector = v;
-		q.dim = dim;
-		q.model = model_out && model_out[0] ? model_out : sc->v[i].model;
-		q.session_ids = ids;
-		q.n_session_ids = n;
-		q.labels = NULL;
-		q.n_labels = 0;
-		rc = plan_search(d, &q, p);
-		p->semantic_used = 1;
+		/* NULL unless embed succeeded; freed on every path anyway. */
 		free(v);
 	}
 	free(ids);

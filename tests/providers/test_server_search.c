@@ -525,6 +525,21 @@ a_refused_query_embedding_falls_back_to_words(void **state)
 	ta_free(a);
 }
 
+/* A session whose config holds embeddings without a provider opts out of
+ * them (even with a server default): searched by its words, listed as a
+ * fallback, not an error. */
+static void
+a_session_that_opts_out_of_embeddings_falls_back_to_words(void **state)
+{
+	tarena *a = ta_new();
+
+	(void)state;
+	create(a, "opted-out", "", "");
+	append_each(a, "opted-out", code, N(code));
+	expect_words_instead(a, "opted-out");
+	ta_free(a);
+}
+
 static void
 vectors_survive_a_restart_of_the_file_driver(void **state)
 {
@@ -585,6 +600,7 @@ main(int argc, char **argv)
 		M(late_embeddings_are_backfilled_by_a_semantic_search),
 		M(a_refused_query_embedding_falls_back_to_words),
 		M(a_degenerate_query_vector_falls_back_to_words),
+		M(a_session_that_opts_out_of_embeddings_falls_back_to_words),
 		F(semantic_finds_known_nearest_neighbours_per_provider),
 		F(semantic_lists_sessions_without_embeddings_as_fallback),
 		F(appends_do_not_wait_for_the_provider),
