@@ -522,7 +522,9 @@ struct histd_driver {
 	 * text ranking) over the text histd_search_query describes; a message
 	 * matches if it holds at least one query token. SEMANTIC: cosine
 	 * similarity with q->vector over the messages holding a vector of
-	 * q->model and q->dim (embedding_put). Both: only roles in q->roles,
+	 * q->model and q->dim (embedding_put); a message matches if its
+	 * cosine (a double sum of the float products) is above 0: a vector
+	 * orthogonal or opposite to the query's is not a hit. Both: only roles in q->roles,
 	 * only stored messages (a cleared, replaced or deleted message is
 	 * never returned once that call has returned), and not the newest of
 	 * its session with exclude_newest. A scope with no session, or no

@@ -1498,6 +1498,7 @@ histd_vecs_search(const histd_vecs *s, histd_topk *t, uint64_t key,
 {
 	for (size_t i = 0; i < s->n; i++) {
 		const histd_vec *x = s->v[i];
+		double score;
 
 		if (x->dim != dim || strcmp(x->model, model) != 0)
 			continue;
@@ -1505,6 +1506,8 @@ histd_vecs_search(const histd_vecs *s, histd_topk *t, uint64_t key,
 			continue;
 		if (skip_seq && x->seq == skip_seq)
 			continue;
-		histd_topk_add(t, key, id, x->seq, histd_vec_cosine(x, qn));
+		/* Orthogonal or opposite to the query: not a match. */
+		if ((score = histd_vec_cosine(x, qn)) > 0)
+			histd_topk_add(t, key, id, x->seq, score);
 	}
 }

@@ -184,8 +184,9 @@ double histd_vec_cosine(const histd_vec *x, const float *q);
 int histd_vec_normalize(float *v, uint32_t dim);
 
 /* Semantic search over one session's vectors: adds to t the vectors of
- * model/dim with a role in roles (0: all), skipping seq == skip_seq (0:
- * none). qn: the normalized query. */
+ * model/dim with a role in roles (0: all) and a cosine with qn above 0
+ * (driver.h: search), skipping seq == skip_seq (0: none). qn: the
+ * normalized query. */
 void histd_vecs_search(const histd_vecs *s, histd_topk *t, uint64_t key,
 		       const char *id, const char *model, uint32_t dim,
 		       const float *qn, uint32_t roles, uint64_t skip_seq);

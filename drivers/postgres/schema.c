@@ -936,22 +936,24 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" ORDER BY h.score DESC, h.id, h.seq",
 
 	/* Cosine with the normalized query $2 (stored vectors are
-	 * normalized) over the scope's vectors of model $3 and dimension $8;
-	 * $4..$7, $9, $10 as in ST_SEARCH_LEXICAL. */
+	 * normalized) over the scope's vectors of model $3 and dimension $8,
+	 * above 0 only, as the in-process drivers (driver.h: search); $4..$7,
+	 * $9, $10 as in ST_SEARCH_LEXICAL. */
 	[ST_SEARCH_SEMANTIC] =
 	"WITH sc AS (SELECT s.sid, s.id, " NEWEST_SEQ " AS last_seq"
 	"  FROM sessions s WHERE s.tenant = $1"
 	"  AND CASE $4::int4 WHEN 1 THEN id = ANY($5::text[])"
 	"  WHEN 2 THEN labels @> $6::jsonb ELSE true END),"
-	" hit AS (SELECT m.sid, m.seq, sc.id,"
-	"  (SELECT coalesce(sum(a::float8 * b::float8), 0)"
-	"  FROM unnest(m.embedding, $2::float4[]) AS u(a, b)) AS score"
+	" hit AS (SELECT m.sid, m.seq, sc.id, c.score"
 	"  FROM messages m JOIN sc ON sc.sid = m.sid"
+	"  CROSS JOIN LATERAL (SELECT coalesce(sum(a::float8 * b::float8), 0)"
+	"  AS score FROM unnest(m.embedding, $2::float4[]) AS u(a, b)) c"
 	"  WHERE m.embedding_model = $3 AND cardinality(m.embedding) = $8::int4"
 	"  AND ($7::int8 = 0 OR (m.role BETWEEN 0 AND 62"
 	"  AND (($7::int8 >> m.role::int4) & 1) = 1))"
 	"  AND NOT ($9::int4 = 1 AND m.seq = sc.last_seq)"
-	"  ORDER BY score DESC, sc.id, m.seq LIMIT $10::int8)"
+	"  AND c.score > 0"
+	"  ORDER BY c.score DESC, sc.id, m.seq LIMIT $10::int8)"
 	" SELECT h.id, h.seq, h.score, m.token_estimate, m.data"
 	" FROM hit h JOIN messages m ON m.sid = h.sid AND m.seq = h.seq"
 	" ORDER BY h.score DESC, h.id, h.seq",

@@ -16,7 +16,8 @@
  *
  * Semantic: messages.embedding holds the vector normalized to length 1;
  * cosine is a dot product with the normalized query, in SQL, over the
- * scope's messages of the same model and dimension.
+ * scope's messages of the same model and dimension; only a cosine above 0
+ * is a hit (float8 sum of float4 products, as drivers/index/ computes it).
  *
  * Removed messages are deleted rows: a search's snapshot never sees them.
  */

@@ -714,23 +714,35 @@ static void search_index_stays_right_through_many_removals(void **state)
 	expect_eq(count_hits(t, &q), 2, "hits at the end");
 }
 
+/* A SEMANTIC query of tenant A by model m1, in 3 dimensions. */
+static histd_search_query sem3(const float *qv)
+{
+	return (histd_search_query){
+		.tenant = TA, .mode = HISTD_SEARCH_SEMANTIC, .vector = qv,
+		.dim = 3, .model = "m1", .k = 10,
+	};
+}
+
+/* Stores v as the m1 vector of tenant A's message id/seq. */
+static void put3(stest *t, const char *id, uint64_t seq, const float *v)
+{
+	expect_ok(histd_driver_embedding_put(t->d, TA, id, seq, "m1", v, 3));
+}
+
 static void search_semantic_ranks_by_cosine_and_forgets_removed(void **state)
 {
 	stest *t = *state;
 	const float v1[] = { 1, 0, 0 }, v2[] = { 0.8f, 0.6f, 0 },
-		    v3[] = { 0, 0, 1 }, qv[] = { 2, 0.1f, 0 };
-	histd_search_query q = {
-		.tenant = TA, .mode = HISTD_SEARCH_SEMANTIC, .vector = qv,
-		.dim = 3, .model = "m1", .k = 10,
-	};
+		    v3[] = { 0.1f, 0, 1 }, qv[] = { 2, 0.1f, 0 };
+	histd_search_query q = sem3(qv);
 	uint64_t rev, cleared;
 
 	if (!t->d->embedding_put)
 		skip();
 	corpus(t);
-	expect_ok(histd_driver_embedding_put(t->d, TA, "cooking", 2, "m1", v2, 3));
-	expect_ok(histd_driver_embedding_put(t->d, TA, "cooking", 3, "m1", v3, 3));
-	expect_ok(histd_driver_embedding_put(t->d, TA, "travel", 1, "m1", v1, 3));
+	put3(t, "cooking", 2, v2);
+	put3(t, "cooking", 3, v3);
+	put3(t, "travel", 1, v1);
 	/* Another model's vector never matches. */
 	expect_ok(histd_driver_embedding_put(t->d, TA, "code", 1, "m2", v1, 3));
 	assert_int_equal(histd_driver_embedding_put(t->d, TA, "cooking", 99, "m1",
@@ -756,6 +768,33 @@ static void search_semantic_ranks_by_cosine_and_forgets_removed(void **state)
 	}
 }
 
+/* A vector orthogonal to the query's, or turned away from it, has nothing
+ * in common with it: not a hit, even with room left in k. */
+static void search_semantic_leaves_out_orthogonal_and_opposite_vectors(void **state)
+{
+	stest *t = *state;
+	const float near[] = { 1, 0.5f, 0 }, across[] = { 0, 0, 1 },
+		    away[] = { -1, 0, 0.2f }, qv[] = { 1, 0, 0 };
+	const char *travel[] = { "travel" };
+	histd_search_query q = sem3(qv);
+
+	if (!t->d->embedding_put)
+		skip();
+	corpus(t);
+	put3(t, "cooking", 2, near);
+	put3(t, "cooking", 3, across);
+	put3(t, "cooking", 4, away);
+	put3(t, "travel", 1, across);
+	{
+		const want_hit w[] = { { "cooking", 2 } };
+
+		expect_hits(t, &q, w, N_OF(w));
+	}
+	q.session_ids = travel;
+	q.n_session_ids = 1;
+	expect_eq(count_hits(t, &q), 0, "hits in a session of orthogonal vectors");
+}
+
 #define S(f) cmocka_unit_test_prestate_setup_teardown(f, s_setup, s_teardown, \
 	(void *)fx)
 
@@ -777,6 +816,7 @@ int histd_conformance_search_run(const histd_conformance_fixture *fx)
 		S(search_finds_forked_sessions_messages),
 		S(search_index_stays_right_through_many_removals),
 		S(search_semantic_ranks_by_cosine_and_forgets_removed),
+		S(search_semantic_leaves_out_orthogonal_and_opposite_vectors),
 	};
 	char group[96];
 	histd_driver *d = NULL;

@@ -220,16 +220,27 @@ search(tarena *a, const char *session, const char *query, uint32_t k,
 	return out;
 }
 
-/* Waits until a semantic search of the session finds n hits (the worker
- * stored n vectors): at most 30 s. */
+/* Waits until a semantic search of the session finds its n texts (the
+ * worker stored n vectors): at most 30 s. The query holds every word of
+ * them, so that no text's vector is orthogonal to it. */
 static void
-wait_vectors(tarena *a, const char *session, size_t n)
+wait_vectors(tarena *a, const char *session, const char *const *texts,
+	     size_t n)
 {
 	int64_t end = t_now_ms() + 30000;
+	size_t len = 1;
+	char *all;
 
+	for (size_t i = 0; i < n; i++)
+		len += strlen(texts[i]) + 1;
+	all = ta_alloc(a, len);
+	for (size_t i = 0; i < n; i++) {
+		strcat(all, texts[i]);
+		strcat(all, " ");
+	}
 	for (;;) {
 		Histd__V1__SearchResponse *s =
-			search(a, session, "anything", 100,
+			search(a, session, all, 100,
 			       HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC);
 		size_t got = s->n_hits;
 
@@ -348,9 +359,9 @@ corpus(tarena *a)
 	append_each(a, "code", code, N(code));
 	append_each(a, "notes", (const char *const[]){
 		"Remember to buy sourdough bread and rye flour." }, 1);
-	wait_vectors(a, "cooking", N(cooking_texts));
-	wait_vectors(a, "travel", N(travel));
-	wait_vectors(a, "code", N(code));
+	wait_vectors(a, "cooking", cooking_texts, N(cooking_texts));
+	wait_vectors(a, "travel", travel, N(travel));
+	wait_vectors(a, "code", code, N(code));
 }
 
 /* ---------------------------------------------------------------------- */
@@ -460,7 +471,7 @@ appends_do_not_wait_for_the_provider(void **state)
 	if (worst >= 1000)
 		fail_msg("an Append took %lld ms with a 2 s provider",
 			 (long long)worst);
-	wait_vectors(a, "slow", 4);
+	wait_vectors(a, "slow", cooking_texts, 4);
 	stub_set_delay(provider, 0);
 	expect_top_k(a, "slow", cooking_texts, 4, "rye flour loaf", 2);
 	ta_free(a);
@@ -487,7 +498,7 @@ late_embeddings_are_backfilled_by_a_semantic_search(void **state)
 		   HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC);
 	assert_int_equal(s->n_lexical_fallback_sessions, 0);
 	histd_client_message_free(&s->base);
-	wait_vectors(a, "late", N(code));
+	wait_vectors(a, "late", code, N(code));
 	expect_top_k(a, "late", code, N(code), "free malloc pointer memory", 2);
 	ta_free(a);
 }
@@ -519,9 +530,44 @@ a_refused_query_embedding_falls_back_to_words(void **state)
 	(void)state;
 	create(a, "refused", "openai", "");
 	append_each(a, "refused", code, N(code));
-	wait_vectors(a, "refused", N(code));
+	wait_vectors(a, "refused", code, N(code));
 	stub_push(provider, (stub_reply){ .status = 401, .retry_after = -1 });
 	expect_words_instead(a, "refused");
+	ta_free(a);
+}
+
+/* A message whose vector is orthogonal to the query's (the stub's words
+ * of the two fall in different dimensions) shares no meaning with it: not
+ * a hit, though k leaves room for it. */
+static void
+an_orthogonal_message_is_not_a_semantic_hit(void **state)
+{
+	static const char *const texts[] = {
+		"Sourdough bread needs a long slow rise.",
+		"Which museums open on Mondays?",
+	};
+	const char *query = "sourdough bread";
+	tarena *a = ta_new();
+	Histd__V1__SearchResponse *s;
+	uint64_t seqs[N(texts)];
+	double scores[N(texts)];
+
+	(void)state;
+	expected_order(texts, N(texts), query, seqs, scores);
+	/* The corpus is made so: one near, one orthogonal. */
+	assert_int_equal(seqs[0], 1);
+	assert_true(scores[0] > 0.1);
+	assert_true(scores[1] == 0);
+	create(a, "orthogonal", "openai", "");
+	append_each(a, "orthogonal", texts, N(texts));
+	wait_vectors(a, "orthogonal", texts, N(texts));
+	s = search(a, "orthogonal", query, 10,
+		   HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC);
+	assert_int_equal(s->mode, HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC);
+	assert_int_equal(s->n_hits, 1);
+	assert_int_equal(s->hits[0]->seq, 1);
+	assert_true(s->hits[0]->score > 0);
+	histd_client_message_free(&s->base);
 	ta_free(a);
 }
 
@@ -577,7 +623,7 @@ a_degenerate_query_vector_falls_back_to_words(void **state)
 	(void)state;
 	create(a, "degenerate", "openai", "");
 	append_each(a, "degenerate", code, N(code));
-	wait_vectors(a, "degenerate", N(code));
+	wait_vectors(a, "degenerate", code, N(code));
 	for (size_t i = 0; i < N(bodies); i++) {
 		stub_push(provider, (stub_reply){ .retry_after = -1,
 						  .body = bodies[i] });
@@ -601,6 +647,7 @@ main(int argc, char **argv)
 		M(a_refused_query_embedding_falls_back_to_words),
 		M(a_degenerate_query_vector_falls_back_to_words),
 		M(a_session_that_opts_out_of_embeddings_falls_back_to_words),
+		M(an_orthogonal_message_is_not_a_semantic_hit),
 		F(semantic_finds_known_nearest_neighbours_per_provider),
 		F(semantic_lists_sessions_without_embeddings_as_fallback),
 		F(appends_do_not_wait_for_the_provider),
