@@ -294,8 +294,8 @@ parse(const histd_embeddings *e, json_t *root, size_t n, float **out,
 
 int
 histd_embeddings_embed(histd_embeddings *e, const char *model,
-		       const char *const *texts, size_t n, float **out,
-		       uint32_t *dim)
+		       const char *const *texts, size_t n, uint32_t timeout_ms,
+		       float **out, uint32_t *dim)
 {
 	const char *headers[1];
 	histd_http_response resp = { 0 };
@@ -323,8 +323,10 @@ histd_embeddings_embed(histd_embeddings *e, const char *model,
 	if ((rc = build(e, model, texts, n, &url, &body)))
 		return rc;
 	headers[0] = e->auth_header;
+	if (!timeout_ms || timeout_ms > e->timeout_ms)
+		timeout_ms = e->timeout_ms;
 	rc = histd_http_post(e->http, url, headers, 1, body, strlen(body),
-			     e->timeout_ms, &resp);
+			     timeout_ms, &resp);
 	free(url);
 	free(body);
 	if (rc) {

@@ -77,14 +77,16 @@ const char *histd_embeddings_provider(const histd_embeddings *e);
 
 /*
  * Embeds n texts (1..HISTD_EMBED_BATCH_MAX, UTF-8, non-empty) with model
- * ("" or NULL: the provider's default). On success *out holds n * *dim
+ * ("" or NULL: the provider's default), within timeout_ms (the whole call,
+ * retries included: the smaller of it and the client's timeout_ms; 0: the
+ * client's). On success *out holds n * *dim
  * floats, text i's vector at (*out)[i * *dim] (malloc'ed, the caller's),
  * all of one dimension. Errors as the header says; EINVALID also for bad
  * arguments (a model name is 1..128 of [A-Za-z0-9._-]: it goes into
  * Gemini's URL). Nothing is allocated on error.
  */
 int histd_embeddings_embed(histd_embeddings *e, const char *model,
-			   const char *const *texts, size_t n, float **out,
-			   uint32_t *dim);
+			   const char *const *texts, size_t n,
+			   uint32_t timeout_ms, float **out, uint32_t *dim);
 
 #endif

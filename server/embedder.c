@@ -398,7 +398,7 @@ embed_batch(histd_embedder *e, const job *j, const embed_target *t,
 	int rc;
 
 	rc = histd_embeddings_embed(t->client, t->model,
-				    (const char *const *)texts, n, &v, &dim);
+				    (const char *const *)texts, n, 0, &v, &dim);
 	count_call(t->provider, rc);
 	if (rc)
 		return rc;
@@ -672,10 +672,11 @@ s_backfill(void *ctx, const char *tenant, const char *id, uint64_t last_seq)
 
 static int
 s_embed(void *ctx, const char *provider, const char *model, const char *text,
-	float **v, uint32_t *dim, const char **model_out)
+	int64_t deadline_us, float **v, uint32_t *dim, const char **model_out)
 {
 	histd_embedder *e = ctx;
 	histd_embeddings *c = client_of(e, provider);
+	uint32_t timeout_ms = 0;
 	const char *m;
 	char *cut = NULL;
 	int rc;
@@ -683,6 +684,18 @@ s_embed(void *ctx, const char *provider, const char *model, const char *text,
 	if (!c)
 		return histd_error_set(HISTD_EUNAVAILABLE, "embedding provider %s "
 				       "is not configured", provider);
+	if (deadline_us) {
+		/* The caller's time left, rounded up; the client takes the
+		 * smaller of it and --embedding-timeout-ms. */
+		int64_t left = deadline_us - mono_us();
+
+		if (left <= 0)
+			return histd_error_set(HISTD_EUNAVAILABLE, "the caller's "
+					       "deadline passed before the "
+					       "query was embedded");
+		left = (left + 999) / 1000;
+		timeout_ms = left < UINT32_MAX ? (uint32_t)left : UINT32_MAX;
+	}
 	m = model && *model ? model : histd_embeddings_default_model(provider);
 	if (strlen(text) > e->cfg.max_text_bytes) {
 		size_t len = e->cfg.max_text_bytes;
@@ -693,7 +706,7 @@ s_embed(void *ctx, const char *provider, const char *model, const char *text,
 			return enomem();
 		text = cut;
 	}
-	rc = histd_embeddings_embed(c, m, &text, 1, v, dim);
+	rc = histd_embeddings_embed(c, m, &text, 1, timeout_ms, v, dim);
 	count_call(provider, rc);
 	free(cut);
 	/* A vector of zeros (or of numbers beyond a float) compares with

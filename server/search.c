@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "histd_wire.h"
 #include "index/index.h"
 #include "service.h"
 
@@ -29,6 +30,16 @@ static int
 enomem(void)
 {
 	return histd_error_set(HISTD_ENOMEM, "out of memory");
+}
+
+/* EUNAVAILABLE if the caller's deadline (0: none) has passed, else 0. */
+static int
+check_deadline(int64_t deadline_us)
+{
+	if (deadline_us && histd_mono_us() >= deadline_us)
+		return histd_error_set(HISTD_EUNAVAILABLE, "the deadline passed "
+				       "before the query was embedded");
+	return 0;
 }
 
 int
@@ -303,7 +314,8 @@ plan_search(histd_driver *d, const histd_search_query *q, plan *p)
 /* The semantic rankings of the scope's sessions, group by group, and the
  * sessions that fall back (in p->fallback). */
 static int
-semantic(histd_driver *d, const histd_search_query *base, scope *sc, plan *p)
+semantic(histd_driver *d, const histd_search_query *base, int64_t deadline_us,
+	 scope *sc, plan *p)
 {
 	const histd_search_embedder *e = atomic_load(&embedder);
 	size_t room = sc->n ? sc->n : 1;
@@ -343,10 +355,16 @@ semantic(histd_driver *d, const histd_search_query *base, scope *sc, plan *p)
 					e->backfill(e->ctx, base->tenant,
 						    sc->v[j].id, sc->v[j].last_seq);
 			}
+		/* A caller that has gone is not worth a provider call (and
+		 * one that went during it, not worth a fallback search). */
+		if ((rc = check_deadline(deadline_us)))
+			break;
 		rc = e->embed(e->ctx, sc->v[i].provider, sc->v[i].model,
-			      base->text, &v, &dim, &model_out);
-		if (rc == HISTD_EUNAVAILABLE || rc == HISTD_EINVALID ||
-		    rc == HISTD_EPRECONDITION || rc == HISTD_ELIMIT) {
+			      base->text, deadline_us, &v, &dim, &model_out);
+		if (rc && rc != HISTD_ENOMEM && check_deadline(deadline_us)) {
+			rc = HISTD_EUNAVAILABLE;        /* its message set */
+		} else if (rc == HISTD_EUNAVAILABLE || rc == HISTD_EINVALID ||
+			   rc == HISTD_EPRECONDITION || rc == HISTD_ELIMIT) {
 			/* The provider cannot be reached, refused histd's key
 			 * or request, or is rate limiting it: these sessions
 			 * are searched by their words. */
@@ -431,8 +449,8 @@ out:
 
 int
 histd_search_rpc(histd_driver *d, const char *tenant,
-		 const Histd__V1__SearchRequest *r, ProtobufCAllocator *alloc,
-		 uint8_t **out, size_t *out_len)
+		 const Histd__V1__SearchRequest *r, int64_t deadline_us,
+		 ProtobufCAllocator *alloc, uint8_t **out, size_t *out_len)
 {
 	histd_search_query q = { .tenant = tenant, .mode = HISTD_SEARCH_LEXICAL };
 	Histd__V1__SearchMode mode = r->mode;
@@ -466,7 +484,7 @@ histd_search_rpc(histd_driver *d, const char *tenant,
 		rc = plan_search(d, &q, &p);
 	} else {
 		if ((rc = scope_gather(d, tenant, &q, one, &sc)) ||
-		    (rc = semantic(d, &q, &sc, &p)))
+		    (rc = semantic(d, &q, deadline_us, &sc, &p)))
 			goto out;
 		if (mode == HISTD__V1__SEARCH_MODE__SEARCH_MODE_HYBRID) {
 			/* Words over the whole scope, fallbacks included. */

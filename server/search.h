@@ -30,14 +30,18 @@
  * What computes a query's embedding. embed: the vector of `text` by
  * provider/model (model "" : the provider's default; *model_out then names
  * the model the vectors are stored under: borrowed, static or owned by the
- * embedder); *v malloc'ed (caller frees), *dim its length. EUNAVAILABLE
- * (provider not configured or unreachable) makes the sessions of that
- * model fall back to lexical search. Called from handler threads.
+ * embedder); *v malloc'ed (caller frees), *dim its length, nothing
+ * allocated on error. deadline_us (histd_mono_us clock; 0: none) is the
+ * caller's: the provider call ends by it at the latest (or by the
+ * embedder's own timeout, if sooner), and is not made once it has passed
+ * (EUNAVAILABLE). EUNAVAILABLE (provider not configured or unreachable,
+ * or the time is up) makes the sessions of that model fall back to
+ * lexical search. Called from handler threads.
  */
 typedef struct histd_search_embedder {
 	int (*embed)(void *ctx, const char *provider, const char *model,
-		     const char *text, float **v, uint32_t *dim,
-		     const char **model_out);
+		     const char *text, int64_t deadline_us, float **v,
+		     uint32_t *dim, const char **model_out);
 	/* The default for sessions whose config names no embeddings:
 	 * provider "" for none. */
 	const char *default_provider;
@@ -58,13 +62,17 @@ void histd_search_set_embedder(const histd_search_embedder *e);
 
 /*
  * Runs Search for `tenant` on the unpacked request r (alloc: the call's
- * arena, used for the response's messages). On success *out is the packed
- * SearchResponse (malloc'ed) and *out_len its length. EINVALID naming the
- * field (query, k, roles, mode, label_selector, session_id); ENOTFOUND for
- * an unknown session_id; the driver's errors as they are.
+ * arena, used for the response's messages). deadline_us: the caller's
+ * deadline (histd_mono_us clock; 0: none); a query embedding gets at most
+ * the time left before it, and none once it has passed. On success *out is
+ * the packed SearchResponse (malloc'ed) and *out_len its length. EINVALID
+ * naming the field (query, k, roles, mode, label_selector, session_id);
+ * ENOTFOUND for an unknown session_id; EUNAVAILABLE when the deadline
+ * passed before a query could be embedded (the caller has gone: no
+ * fallback is searched for it); the driver's errors as they are.
  */
 int histd_search_rpc(histd_driver *d, const char *tenant,
-		     const Histd__V1__SearchRequest *r,
+		     const Histd__V1__SearchRequest *r, int64_t deadline_us,
 		     ProtobufCAllocator *alloc, uint8_t **out, size_t *out_len);
 
 /* The effective embedding (provider, model) of a packed SessionConfig

@@ -2123,7 +2123,9 @@ out:
 static void
 slow_run(histd_service *s, struct slow_job *j)
 {
-	histd_reply r = { 0 };
+	/* The deadline goes on with the call; finish stays NULL: it runs
+	 * here, it is not queued again. */
+	histd_reply r = { .deadline_us = j->deadline_us };
 	histd_caller who = { j->tenant, j->read_only };
 	int rc;
 
@@ -2367,8 +2369,8 @@ h_search(call *c, void *msg)
 	     r->mode == HISTD__V1__SEARCH_MODE__SEARCH_MODE_HYBRID) &&
 	    offload(c))
 		return 0;
-	return histd_search_rpc(c->s->d, c->tenant, msg, c->alloc,
-				&c->reply->data, &c->reply->len);
+	return histd_search_rpc(c->s->d, c->tenant, msg, c->reply->deadline_us,
+				c->alloc, &c->reply->data, &c->reply->len);
 }
 
 static const struct method_def {

@@ -98,7 +98,7 @@ typedef struct histd_reply {
 	int deferred;
 	/* Set by the transport with finish: the call's deadline
 	 * (histd_mono_us clock; 0: none). A call queued for a provider-call
-	 * thread past it is not run. */
+	 * thread past it is not run; Search's query embedding ends by it. */
 	int64_t deadline_us;
 } histd_reply;
 

@@ -34,6 +34,7 @@ static histd_proc *server;
 static histd_client *client;
 static char data_dir[128];
 static int use_file;
+static int one_call_thread;
 
 static int
 start_server(void)
@@ -44,6 +45,8 @@ start_server(void)
 		"--gemini-base-url", url,
 		"--mistral-base-url", url,
 		"--embedding-retry-base", "1",
+		"--embedding-timeout-ms", "30000",
+		"--provider-call-threads", one_call_thread ? "1" : "16",
 		use_file ? "--driver" : NULL, "file",
 		"--data-dir", data_dir,
 		NULL };
@@ -80,6 +83,14 @@ setup_memory(void **state)
 	return setup(state, 0);
 }
 
+/* One provider-call thread: a call that holds it holds every other. */
+static int
+setup_one_call_thread(void **state)
+{
+	one_call_thread = 1;
+	return setup(state, 0);
+}
+
 static int
 setup_file(void **state)
 {
@@ -92,6 +103,7 @@ teardown(void **state)
 	int rc;
 
 	(void)state;
+	one_call_thread = 0;
 	histd_client_close(client);
 	client = NULL;
 	rc = harness_stop(server);
@@ -200,21 +212,34 @@ append_each(tarena *a, const char *id, const char *const *texts, size_t n)
 	return worst;
 }
 
+/* A search with a deadline timeout_ms away: the response, or NULL with
+ * *st saying why (the caller resets it). */
 static Histd__V1__SearchResponse *
-search(tarena *a, const char *session, const char *query, uint32_t k,
-       Histd__V1__SearchMode mode)
+search_within(tarena *a, const char *session, const char *query, uint32_t k,
+	      Histd__V1__SearchMode mode, int timeout_ms, histd_status *st)
 {
 	Histd__V1__SearchRequest *r = ta_alloc(a, sizeof(*r));
-	Histd__V1__SearchResponse *out = NULL;
-	histd_status st = { 0 };
+	ProtobufCMessage *out = NULL;
 
 	histd__v1__search_request__init(r);
 	r->query = ta_strdup(a, query);
 	r->session_id = ta_strdup(a, session ? session : "");
 	r->k = k;
 	r->mode = mode;
-	t_call(client, "Search", r, &histd__v1__search_response__descriptor, &out,
-	       &st);
+	histd_client_unary(client, "/histd.v1.HistoryService/Search", &r->base,
+			   &histd__v1__search_response__descriptor, timeout_ms,
+			   NULL, &out, st);
+	return (Histd__V1__SearchResponse *)out;
+}
+
+static Histd__V1__SearchResponse *
+search(tarena *a, const char *session, const char *query, uint32_t k,
+       Histd__V1__SearchMode mode)
+{
+	histd_status st = { 0 };
+	Histd__V1__SearchResponse *out =
+		search_within(a, session, query, k, mode, T_TIMEOUT_MS, &st);
+
 	assert_status(&st, GRPC_STATUS_OK);
 	histd_status_reset(&st);
 	return out;
@@ -571,6 +596,44 @@ an_orthogonal_message_is_not_a_semantic_hit(void **state)
 	ta_free(a);
 }
 
+/* A provider that hangs holds a search's query embedding until the
+ * caller's deadline, not for --embedding-timeout-ms (30 s): with one
+ * provider-call thread, the next semantic search is answered, with the
+ * embedding, long before the first call's 30 s would have passed. */
+static void
+a_hanging_provider_is_left_at_the_callers_deadline(void **state)
+{
+	tarena *a = ta_new();
+	Histd__V1__SearchResponse *s;
+	histd_status st = { 0 };
+
+	(void)state;
+	create(a, "hanging", "openai", "");
+	append_each(a, "hanging", code, N(code));
+	wait_vectors(a, "hanging", code, N(code));
+	/* Longer than the embedding timeout; stub_stop ends it. */
+	stub_set_delay(provider, 120000);
+	s = search_within(a, "hanging", "malloc", 10,
+			  HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC, 1000, &st);
+	assert_null(s);
+	assert_status(&st, GRPC_STATUS_DEADLINE_EXCEEDED);
+	histd_status_reset(&st);
+	stub_set_delay(provider, 0);
+	/* Queued behind the first call on the one thread: it ran once that
+	 * call's deadline had passed. Before, the first call held the
+	 * thread for 30 s, past this one's 15 s. */
+	s = search_within(a, "hanging", "free malloc pointer memory", 2,
+			  HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC, 15000,
+			  &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_status_reset(&st);
+	assert_int_equal(s->mode, HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC);
+	assert_int_equal(s->n_lexical_fallback_sessions, 0);
+	assert_true(s->n_hits > 0);
+	histd_client_message_free(&s->base);
+	ta_free(a);
+}
+
 /* A session whose config holds embeddings without a provider opts out of
  * them (even with a server default): searched by its words, listed as a
  * fallback, not an error. */
@@ -648,6 +711,9 @@ main(int argc, char **argv)
 		M(a_degenerate_query_vector_falls_back_to_words),
 		M(a_session_that_opts_out_of_embeddings_falls_back_to_words),
 		M(an_orthogonal_message_is_not_a_semantic_hit),
+		cmocka_unit_test_setup_teardown(
+			a_hanging_provider_is_left_at_the_callers_deadline,
+			setup_one_call_thread, teardown),
 		F(semantic_finds_known_nearest_neighbours_per_provider),
 		F(semantic_lists_sessions_without_embeddings_as_fallback),
 		F(appends_do_not_wait_for_the_provider),
