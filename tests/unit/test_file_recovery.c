@@ -33,6 +33,7 @@
 #include "histd_wire.h"
 
 #define LOG1 "log-0000000000000001.hsd"
+#define LOG2 "log-0000000000000002.hsd"
 
 /* ---------------------------------------------------------------------- */
 /* Helpers                                                                 */
@@ -141,6 +142,28 @@ file_size(const char *path)
 	return st.st_size;
 }
 
+static uint32_t
+le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+/* The offset of the last frame of a whole file (the header is the
+ * first): each frame is a u32le body length, a u32le CRC, the body. */
+static size_t
+last_frame(const uint8_t *bytes, size_t len)
+{
+	size_t off = 0, last = 0;
+
+	while (off < len) {
+		last = off;
+		off += 8 + (size_t)le32(bytes + off);
+	}
+	assert_int_equal(off, len);
+	return last;
+}
+
 /* Files of dir this process still maps although they were removed. */
 static int
 mapped_removed_files(const char *dir)
@@ -162,6 +185,15 @@ dopen(const char *dir, const char *mode, histd_driver **d)
 	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = mode };
 
 	return histd_driver_open("file", &cfg, d);
+}
+
+/* Opens dir with these options, fsync never. */
+static int
+dopen_ex(const char *dir, const histd_file_options *opt, histd_driver **d)
+{
+	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "never" };
+
+	return histd_file_driver_open_ex(&cfg, opt, d);
 }
 
 static histd_driver *
@@ -457,7 +489,6 @@ compaction_reclaims_what_clear_and_delete_left(void **state)
 {
 	char *dir = tmpdir_new(), *before, *after, path[512];
 	histd_file_options opt;
-	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "never" };
 	histd_driver *d = NULL;
 	histd_file_stats st;
 	char big[2000];
@@ -469,7 +500,7 @@ compaction_reclaims_what_clear_and_delete_left(void **state)
 	memset(big, 'x', sizeof(big) - 1);
 	big[sizeof(big) - 1] = '\0';
 	/* Online: garbage crosses the ratio, the thread compacts. */
-	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	assert_int_equal(dopen_ex(dir, &opt, &d), 0);
 	create(d, "t2", "a", NULL, 0, NULL, 0);
 	create(d, "t2", "keep", NULL, 0, NULL, 0);
 	must_append(d, "t2", "keep", "kept");
@@ -493,7 +524,7 @@ compaction_reclaims_what_clear_and_delete_left(void **state)
 
 	/* At open: lots of garbage, written with compaction out of reach. */
 	opt.compact_min_bytes = UINT64_MAX;
-	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	assert_int_equal(dopen_ex(dir, &opt, &d), 0);
 	for (int i = 0; i < 1000; i++)
 		must_append(d, "t2", "a", big);
 	assert_int_equal(histd_driver_session_delete(d, "t2", "a", 0, NULL), 0);
@@ -506,7 +537,7 @@ compaction_reclaims_what_clear_and_delete_left(void **state)
 	histd_driver_close(d);
 
 	opt.compact_min_bytes = 1 << 20;
-	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	assert_int_equal(dopen_ex(dir, &opt, &d), 0);
 	assert_int_equal(histd_file_driver_stats(d, &st), 0);
 	assert_int_equal(st.compactions, 1);
 	assert_true(st.file_bytes < 100000);
@@ -544,7 +575,6 @@ restore_fsize(void **state)
 static char *
 two_logs(const char *dir, histd_file_options *opt)
 {
-	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "never" };
 	histd_driver *d = NULL;
 	histd_file_stats st;
 	struct rlimit small;
@@ -554,7 +584,7 @@ two_logs(const char *dir, histd_file_options *opt)
 	opt->compact_min_bytes = UINT64_MAX;
 	memset(big, 'x', sizeof(big) - 1);
 	big[sizeof(big) - 1] = '\0';
-	assert_int_equal(histd_file_driver_open_ex(&cfg, opt, &d), 0);
+	assert_int_equal(dopen_ex(dir, opt, &d), 0);
 	create(d, "t2", "keep", NULL, 0, NULL, 0);
 	for (int i = 0; i < 100; i++)
 		must_append(d, "t2", "keep", big);
@@ -572,7 +602,7 @@ two_logs(const char *dir, histd_file_options *opt)
 	fsize_lowered = 1;
 	assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
 	opt->compact_min_bytes = 1 << 20;
-	assert_int_equal(histd_file_driver_open_ex(&cfg, opt, &d), 0);
+	assert_int_equal(dopen_ex(dir, opt, &d), 0);
 	assert_int_equal(histd_file_driver_stats(d, &st), 0);
 	assert_int_equal(st.compactions, 0);
 	must_append(d, "t2", "keep", "after the failed compaction");
@@ -589,13 +619,12 @@ compaction_failing_at_open_still_opens(void **state)
 {
 	char *dir = tmpdir_new(), *before, *after;
 	histd_file_options opt;
-	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "never" };
 	histd_driver *d = NULL;
 	histd_file_stats st;
 
 	(void)state;
 	before = two_logs(dir, &opt);
-	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d), 0);
+	assert_int_equal(dopen_ex(dir, &opt, &d), 0);
 	assert_int_equal(histd_file_driver_stats(d, &st), 0);
 	assert_int_equal(st.compactions, 1);
 	after = dump(d);
@@ -615,29 +644,19 @@ zeros_ending_a_log_before_the_last_are_refused(void **state)
 {
 	char *dir = tmpdir_new(), *st, path[512];
 	histd_file_options opt;
-	histd_driver_config cfg = { .data_dir = dir, .fsync_mode = "never" };
 	histd_driver *d = NULL;
 	uint8_t *bytes, *again;
-	size_t len, len2, off = 0, last = 0;
+	size_t len, len2, last;
 
 	(void)state;
 	st = two_logs(dir, &opt);
 	free(st);
 	path_in(path, sizeof(path), dir, LOG1);
 	bytes = read_file(path, &len);
-	while (off < len) {     /* the header is the first frame */
-		uint32_t n = (uint32_t)bytes[off] | (uint32_t)bytes[off + 1] << 8 |
-			     (uint32_t)bytes[off + 2] << 16 |
-			     (uint32_t)bytes[off + 3] << 24;
-
-		last = off;
-		off += 8 + (size_t)n;
-	}
-	assert_int_equal(off, len);
+	last = last_frame(bytes, len);
 	memset(bytes + last, 0, len - last);    /* the session's delete */
 	write_file(path, bytes, len);
-	assert_int_equal(histd_file_driver_open_ex(&cfg, &opt, &d),
-			 HISTD_ECORRUPT);
+	assert_int_equal(dopen_ex(dir, &opt, &d), HISTD_ECORRUPT);
 	assert_non_null(strstr(histd_error_message(), "is zeros"));
 	assert_non_null(strstr(histd_error_message(), LOG1));
 	again = read_file(path, &len2);
@@ -927,7 +946,7 @@ corrupted_snapshot_refuses_to_open(void **state)
 			       "cut short: the snapshot ends inside it"));
 	/* A missing log generation is refused. */
 	write_file(snap, bytes, len);
-	path_in(path, sizeof(path), dir, "log-0000000000000002.hsd");
+	path_in(path, sizeof(path), dir, LOG2);
 	assert_int_equal(unlink(path), 0);
 	assert_int_equal(dopen(dir, "always", &d), HISTD_ECORRUPT);
 	assert_non_null(strstr(histd_error_message(), "is missing"));
@@ -1489,7 +1508,7 @@ version_1_files_load_and_new_writes_go_to_a_version_2_log(void **state)
 	assert_int_equal(active_at(d, "old", 1), 0);
 	assert_int_equal(active_at(d, "fresh", 0), V1_T1);
 	/* Writes now: dated, in log-2 of version 2. */
-	path_in(log2, sizeof(log2), dir, "log-0000000000000002.hsd");
+	path_in(log2, sizeof(log2), dir, LOG2);
 	assert_int_equal(file_size(log2) > 0, 1);
 	assert_int_equal(append(d, "t", "a", NULL, 0, "new", NULL, NULL, &res), 0);
 	before = histd_now_us();
