@@ -303,7 +303,7 @@ write_snapshot(hf_driver *d, capture *c, uint64_t gen, uint64_t *size)
 	if (w.fd < 0)
 		return histd_error_set(HISTD_EUNAVAILABLE, "cannot create %s/%s: %s",
 				       d->dir, tmp, strerror(errno));
-	hf_put_file_header(&w.b, HF_MAGIC_SNAPSHOT, gen);
+	hf_put_file_header(&w.b, HF_MAGIC_SNAPSHOT, gen, 0);
 	for (size_t i = 0; i < c->n && !w.err; i++) {
 		if ((i & 255) == 0 && stopping(d)) {
 			rc = histd_error_set(HISTD_EUNAVAILABLE,

@@ -50,7 +50,10 @@
  *   which no valid frame exists is a torn tail: it is truncated and a
  *   warning line is written on stderr. Zeros from a frame boundary to the
  *   end of the last log are space the writer prepared: cut, with an info
- *   line; zeros ending any other file are corruption. A bad frame anywhere
+ *   line; zeros ending any other file are corruption. A log that follows
+ *   another records in its header the length that one was closed at; if
+ *   both are replayed and the length differs (a log cut, even at a frame
+ *   boundary), that is corruption. A bad frame anywhere
  *   else, a frame that does not follow its session's state, a bad
  *   snapshot or a missing generation is corruption: open fails with
  *   ECORRUPT naming the file and offset, and histd refuses to start. Nothing is silently dropped, and

@@ -141,18 +141,21 @@ hf_log_line(const hf_driver *d, enum hf_log_level level, const char *msg,
 
 /* The header frame of a file of this kind and generation. */
 void
-hf_put_file_header(hf_buf *b, const char *magic, uint64_t gen)
+hf_put_file_header(hf_buf *b, const char *magic, uint64_t gen,
+		   uint64_t prev_len)
 {
 	size_t m = hf_frame_begin(b, HF_T_FILE);
 
 	hf_put_raw(b, magic, HF_MAGIC_LEN);
 	hf_put_varint(b, HF_FORMAT_VERSION);
 	hf_put_varint(b, gen);
+	if (prev_len)
+		hf_put_varint(b, prev_len);
 	hf_frame_end(b, m);
 }
 
 int
-hf_log_create(hf_driver *d, uint64_t gen)
+hf_log_create(hf_driver *d, uint64_t gen, uint64_t prev_len)
 {
 	char name[64];
 	hf_buf b = { 0 };
@@ -163,7 +166,7 @@ hf_log_create(hf_driver *d, uint64_t gen)
 	if (fd < 0)
 		return histd_error_set(HISTD_EUNAVAILABLE, "cannot create %s/%s: %s",
 				       d->dir, name, strerror(errno));
-	hf_put_file_header(&b, HF_MAGIC_LOG, gen);
+	hf_put_file_header(&b, HF_MAGIC_LOG, gen, prev_len);
 	if (b.oom) {
 		close(fd);
 		return histd_error_set(HISTD_ENOMEM, "out of memory");

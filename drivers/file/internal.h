@@ -39,7 +39,10 @@
 #define HF_MAGIC_LEN 8
 
 enum hf_type {
-	HF_T_FILE = 1,          /* magic[8], version, generation */
+	/* magic[8], version, generation; in a log that follows another,
+	 * then the byte length that log ended at (in any version: readers
+	 * before it ignore what follows the generation). */
+	HF_T_FILE = 1,
 	/* Log records. */
 	HF_T_CREATE = 2,
 	HF_T_UPDATE = 3,
@@ -461,11 +464,13 @@ void hf_wal_free(hf_wal *w);
 void hf_log_name(char *buf, size_t size, uint64_t gen);
 void hf_snapshot_name(char *buf, size_t size, uint64_t gen);
 /* Appends the first frame of a file: its kind (magic), format version and
- * generation. */
-void hf_put_file_header(hf_buf *b, const char *magic, uint64_t gen);
-/* Creates log-<gen> with its header, synced, and syncs the directory;
- * returns the fd or a negative HISTD_E* code. */
-int hf_log_create(hf_driver *d, uint64_t gen);
+ * generation, and prev_len unless 0: the length log-<gen - 1> ended at,
+ * trimmed and synced, for recovery to find it cut short. */
+void hf_put_file_header(hf_buf *b, const char *magic, uint64_t gen,
+			uint64_t prev_len);
+/* Creates log-<gen> with its header (prev_len as above), synced, and syncs
+ * the directory; returns the fd or a negative HISTD_E* code. */
+int hf_log_create(hf_driver *d, uint64_t gen, uint64_t prev_len);
 /* Writes all of p (at off) or returns -errno. */
 int hf_write_all(int fd, const void *p, size_t n);
 int hf_pwrite_all(int fd, const void *p, size_t n, uint64_t off);

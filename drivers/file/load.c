@@ -727,10 +727,12 @@ apply_frame(replay *r, const uint8_t *body, uint32_t len)
 }
 
 /* Whether the header frame at p names this kind and generation, in a
- * format this histd reads (1..HF_FORMAT_VERSION, *version). */
+ * format this histd reads (1..HF_FORMAT_VERSION, *version). *prev_len:
+ * the length the log before it ended at, or 0 if the header does not say
+ * (a first log, a snapshot, a histd before it recorded that). */
 static int
 header_ok(const uint8_t *p, size_t size, const char *magic, uint64_t gen,
-	  size_t *hdr_len, uint64_t *version)
+	  size_t *hdr_len, uint64_t *version, uint64_t *prev_len)
 {
 	uint32_t len;
 	hf_rd rd;
@@ -745,8 +747,27 @@ header_ok(const uint8_t *p, size_t size, const char *magic, uint64_t gen,
 	    *version > HF_FORMAT_VERSION || hf_get_varint(&rd) != gen ||
 	    rd.bad)
 		return 0;
+	*prev_len = rd.p < rd.end ? hf_get_varint(&rd) : 0;
+	if (rd.bad)
+		return 0;
 	*hdr_len = HF_FRAME_HEADER + len;
 	return 1;
+}
+
+/* The log before r's (generation gen) ended at len bytes when replayed,
+ * where r's header says it ended at said: records were lost from its end
+ * (or added to it) after the writer closed it. */
+static int
+prev_len_differs(const replay *r, uint64_t gen, uint64_t len, uint64_t said)
+{
+	char name[64];
+
+	hf_log_name(name, sizeof(name), gen - 1);
+	return histd_error_set(HISTD_ECORRUPT,
+			       "data file %s/%s ends at %llu bytes but %s says it ended at %llu: %s; histd will not open this data (see README, file driver recovery)",
+			       r->d->dir, name, (unsigned long long)len, r->path,
+			       (unsigned long long)said,
+			       len < said ? "truncated" : "it grew after the next log began");
 }
 
 /* Cuts the last log at off and says so (at level, with what): a torn
@@ -862,12 +883,13 @@ verified_to(verifier *v, size_t off)
 
 /*
  * Replays one file. last: the last log, whose torn tail is cut (and whose
- * torn header is rewritten). *size_out: its size afterwards; *version:
- * its format.
+ * torn header is rewritten). prev_size: the size of log-<gen - 1> if it
+ * was replayed just before, which the header (if it records one) must
+ * match; else 0. *size_out: its size afterwards; *version: its format.
  */
 static int
 replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
-	    uint64_t *size_out, uint64_t *version)
+	    uint64_t prev_size, uint64_t *size_out, uint64_t *version)
 {
 	replay r = { .d = d, .snapshot = snapshot,
 		     .version = HF_FORMAT_VERSION };
@@ -876,6 +898,7 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 	const uint8_t *p = NULL;
 	struct stat st;
 	size_t size, off = 0, hdr, ok_to = 0, idx = 0;
+	uint64_t said = 0;
 	int fd, rc = 0;
 
 	if (snapshot)
@@ -901,7 +924,7 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 		p = r.map->base;
 	}
 	if (!header_ok(p, size, snapshot ? HF_MAGIC_SNAPSHOT : HF_MAGIC_LOG, gen,
-		       &hdr, &r.version)) {
+		       &hdr, &r.version, &said)) {
 		r.version = HF_FORMAT_VERSION;  /* rewritten so, below */
 		hf_buf b = { 0 };
 
@@ -913,7 +936,7 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 		}
 		if ((rc = cut_tail(&r, fd, 0, size, HF_LOG_WARN, TORN)))
 			goto out;
-		hf_put_file_header(&b, HF_MAGIC_LOG, gen);
+		hf_put_file_header(&b, HF_MAGIC_LOG, gen, prev_size);
 		rc = b.oom ? HISTD_ENOMEM : hf_write_all(fd, b.p, b.len);
 		if (rc == 0 && fdatasync(fd) != 0)
 			rc = -errno;
@@ -922,6 +945,10 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 		if (rc)
 			rc = histd_error_set(HISTD_EUNAVAILABLE, "cannot write %s",
 					     r.path);
+		goto out;
+	}
+	if (prev_size && said && said != prev_size) {
+		rc = prev_len_differs(&r, gen, prev_size, said);
 		goto out;
 	}
 	off = hdr;
@@ -1239,14 +1266,16 @@ hf_load(hf_driver *d, int *fd_out, uint64_t *gen_out, uint64_t *size_out)
 		goto out;
 	}
 	if (base) {
-		if ((rc = replay_file(d, base, 1, 0, &size, &version)))
+		if ((rc = replay_file(d, base, 1, 0, 0, &size, &version)))
 			goto out;
 		d->base_bytes += size;
 	}
 	for (size_t i = i0; i < logs.n; i++) {
 		int last = i + 1 == logs.n;
 
-		if ((rc = replay_file(d, logs.v[i], 0, last, &size, &version)))
+		/* A log after the first checks the one before it. */
+		if ((rc = replay_file(d, logs.v[i], 0, last, i > i0 ? size : 0,
+				      &size, &version)))
 			goto out;
 		if (!last)
 			d->base_bytes += size;
@@ -1265,7 +1294,7 @@ hf_load(hf_driver *d, int *fd_out, uint64_t *gen_out, uint64_t *size_out)
 	if (i0 == logs.n || version < HF_FORMAT_VERSION) {
 		/* A new directory, or a new log after an older one. */
 		last_gen = i0 == logs.n ? first : logs.v[logs.n - 1] + 1;
-		fd = hf_log_create(d, last_gen);
+		fd = hf_log_create(d, last_gen, i0 == logs.n ? 0 : size);
 		if (fd < 0) {
 			rc = fd;
 			goto out;

@@ -283,13 +283,14 @@ write_batch(hf_wal *w, const hf_buf *b, int rot, size_t rot_at,
 		int nfd;
 
 		/* Every log but the last is complete and synced, whatever
-		 * the mode: recovery relies on it. */
+		 * the mode: recovery relies on it, and checks its length
+		 * against the one the next log's header records. */
 		if ((rc = trim(w)))
 			return log_error(w, "ftruncate", -rc);
 		if (fdatasync(w->fd) != 0)
 			return log_error(w, "fdatasync", errno);
 		(*syncs)++;
-		nfd = hf_log_create(w->d, rot_gen);
+		nfd = hf_log_create(w->d, rot_gen, w->pos);
 		if (nfd < 0)
 			return log_error(w, "create log", EIO);
 		close(w->fd);

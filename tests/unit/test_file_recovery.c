@@ -142,6 +142,35 @@ file_size(const char *path)
 	return st.st_size;
 }
 
+/* Each file of dir by name, with its size and CRC32: what a refused open
+ * must leave as it was. */
+static char *
+dir_state(const char *dir)
+{
+	struct dirent **e;
+	int n = scandir(dir, &e, NULL, alphasort);
+	text t = { 0 };
+
+	assert_true(n >= 0);
+	tprintf(&t, "%s\n", dir);
+	for (int i = 0; i < n; i++) {
+		char path[512];
+		uint8_t *p;
+		size_t len;
+
+		if (e[i]->d_name[0] != '.') {
+			path_in(path, sizeof(path), dir, e[i]->d_name);
+			p = read_file(path, &len);
+			tprintf(&t, "%s %zu %08lx\n", e[i]->d_name, len,
+				crc32(0L, p, (uInt)len));
+			free(p);
+		}
+		free(e[i]);
+	}
+	free(e);
+	return t.p;
+}
+
 static uint32_t
 le32(const uint8_t *p)
 {
@@ -664,6 +693,79 @@ zeros_ending_a_log_before_the_last_are_refused(void **state)
 	assert_memory_equal(again, bytes, len);
 	free(again);
 	free(bytes);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* A log before the last that lost its last record at a record boundary
+ * (a copy or file system fault) reads as whole, but the next log's header
+ * says where it ended: refused, naming both logs and both lengths, and
+ * the files are left as they were. */
+static void
+log_before_the_last_cut_at_a_record_boundary_is_refused(void **state)
+{
+	char *dir = tmpdir_new(), *st, *before, *after, path[512], want[128];
+	histd_file_options opt;
+	histd_driver *d = NULL;
+	uint8_t *bytes;
+	size_t len, last;
+
+	(void)state;
+	st = two_logs(dir, &opt);
+	free(st);
+	path_in(path, sizeof(path), dir, LOG1);
+	bytes = read_file(path, &len);
+	last = last_frame(bytes, len);
+	write_file(path, bytes, last);          /* the session's delete */
+	before = dir_state(dir);
+	assert_int_equal(dopen_ex(dir, &opt, &d), HISTD_ECORRUPT);
+	assert_null(d);
+	assert_non_null(strstr(histd_error_message(), LOG1));
+	assert_non_null(strstr(histd_error_message(), LOG2));
+	snprintf(want, sizeof(want), "ends at %zu bytes", last);
+	assert_non_null(strstr(histd_error_message(), want));
+	snprintf(want, sizeof(want), "says it ended at %zu: truncated", len);
+	assert_non_null(strstr(histd_error_message(), want));
+	after = dir_state(dir);
+	assert_string_equal(after, before);
+	free(before);
+	free(after);
+	free(bytes);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* A log whose header does not say where the log before it ended (written
+ * by a histd before it did) loads as before: that log is not checked. */
+static void
+log_header_without_the_previous_length_loads(void **state)
+{
+	char *dir = tmpdir_new(), *st, *got, path[512];
+	histd_file_options opt;
+	histd_driver *d = NULL;
+	hf_buf b = { 0 };
+	uint8_t *bytes;
+	size_t len, hdr;
+
+	(void)state;
+	st = two_logs(dir, &opt);
+	path_in(path, sizeof(path), dir, LOG2);
+	bytes = read_file(path, &len);
+	hdr = 8 + (size_t)le32(bytes);
+	hf_put_file_header(&b, HF_MAGIC_LOG, 2, 0);
+	assert_true(b.len < hdr);       /* log-2 recorded log-1's length */
+	hf_put_raw(&b, bytes + hdr, len - hdr);
+	assert_false(b.oom);
+	write_file(path, b.p, b.len);
+	opt.compact_min_bytes = UINT64_MAX;
+	assert_int_equal(dopen_ex(dir, &opt, &d), 0);
+	got = dump(d);
+	assert_string_equal(got, st);
+	histd_driver_close(d);
+	free(got);
+	free(st);
+	free(bytes);
+	hf_buf_free(&b);
 	rm_rf(dir);
 	free(dir);
 }
@@ -1546,6 +1648,10 @@ main(void)
 		cmocka_unit_test_teardown(compaction_failing_at_open_still_opens,
 					  restore_fsize),
 		cmocka_unit_test_teardown(zeros_ending_a_log_before_the_last_are_refused,
+					  restore_fsize),
+		cmocka_unit_test_teardown(log_before_the_last_cut_at_a_record_boundary_is_refused,
+					  restore_fsize),
+		cmocka_unit_test_teardown(log_header_without_the_previous_length_loads,
 					  restore_fsize),
 		cmocka_unit_test(torn_last_record_is_truncated_at_every_offset),
 		cmocka_unit_test(torn_record_holding_a_frame_is_truncated_at_every_offset),
