@@ -267,7 +267,10 @@ wait_vectors(tarena *a, const char *session, const char *const *texts,
 		Histd__V1__SearchResponse *s =
 			search(a, session, all, 100,
 			       HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC);
-		size_t got = s->n_hits;
+		/* Hits by meaning only: a search that fell back to words
+		 * finds every text by its words, vectors or not. */
+		size_t got = s->mode == HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC &&
+			     !s->n_lexical_fallback_sessions ? s->n_hits : 0;
 
 		histd_client_message_free(&s->base);
 		if (got >= n)
