@@ -105,7 +105,15 @@ try:
               "a Reduce through an unreachable provider fails")
 
     url = "http://localhost:%s/metrics" % mport
-    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    # A call is counted once its last completion is handled on the
+    # server, which can come just after the client has its answer: give
+    # the counts a few seconds to settle.
+    for _ in range(100):
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        if ('histd_rpc_duration_seconds_bucket{method="Append",le="+Inf"} 19'
+                in body):
+            break
+        time.sleep(0.05)
     check('histd_rpc_requests_total{method="Append",code="OK"} 18' in body,
           "metrics count Append OK")
     check('histd_rpc_requests_total{method="Append",code="INVALID_ARGUMENT"} 1' in body,
