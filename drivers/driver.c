@@ -468,6 +468,11 @@ histd_driver_append(histd_driver *d, const histd_append *a,
 	if (!res)
 		return histd_error_set(HISTD_EINVALID, "append result is NULL");
 	rc = OBSERVED("append", d->append(d, a, &r));
+	if (rc == HISTD_DEFERRED)
+		/* The answer goes to on_result; a driver that defers without
+		 * one would leave the append unanswered. */
+		return a->on_result ? rc : histd_error_set(HISTD_EINTERNAL,
+			"the driver deferred an append without on_result");
 	if (rc == 0 || (rc == HISTD_PENDING && a->on_durable))
 		*res = r;
 	else if (rc == HISTD_ECONFLICT)

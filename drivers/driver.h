@@ -169,6 +169,24 @@ typedef void (*histd_durable_fn)(void *ctx, int rc, const char *msg);
 /* An append that is applied and will be reported through on_durable. */
 #define HISTD_PENDING 1
 
+typedef struct histd_append_result histd_append_result;
+
+/*
+ * How a driver answers, after it returned HISTD_DEFERRED, an append it
+ * took to finish later: rc 0 with *res filled as append's answer 0 fills
+ * it (the append is applied and durable), or the error the append answers
+ * (msg says why; res->current_revision set for ECONFLICT). res and msg are
+ * borrowed for the call. Called exactly once, from a driver thread,
+ * possibly before the driver's append call has returned; it must not call
+ * into the driver and must not block.
+ */
+typedef void (*histd_result_fn)(void *ctx, int rc,
+				const histd_append_result *res,
+				const char *msg);
+
+/* An append taken to be answered later through on_result. */
+#define HISTD_DEFERRED 2
+
 typedef struct histd_append {
 	const char *tenant;
 	const char *session_id;
@@ -199,18 +217,28 @@ typedef struct histd_append {
 	 */
 	histd_durable_fn on_durable;
 	void *durable_ctx;
+	/*
+	 * Optional. A driver that learns an append's result only after a
+	 * wait (a database round trip) may copy what it needs of the request
+	 * and answer HISTD_DEFERRED at once: nothing in *res, the request
+	 * need not outlive the call, and on_result(result_ctx, ...) gives the
+	 * answer later. A driver may ignore these and block; with any answer
+	 * other than HISTD_DEFERRED, on_result is never called.
+	 */
+	histd_result_fn on_result;
+	void *result_ctx;
 } histd_append;
 
 #define HISTD_HASH_LEN 32
 
-typedef struct histd_append_result {
+struct histd_append_result {
 	uint64_t first_seq;
 	uint64_t last_seq;
 	uint64_t revision;
 	int replayed;
 	/* ECONFLICT: the session's current revision. */
 	uint64_t current_revision;
-} histd_append_result;
+};
 
 typedef struct histd_read {
 	const char *tenant;

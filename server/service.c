@@ -99,7 +99,7 @@ struct slow_job {
 	int read_only;
 	int64_t deadline_us;
 	void (*finish)(void *ctx, int rc, uint8_t *data, size_t len,
-		       const char *msg);
+		       const char *msg, uint64_t current_revision);
 	void *finish_ctx;
 	char *tenant;           /* in the same allocation, after req */
 	size_t len;
@@ -1439,10 +1439,11 @@ typedef struct call {
 } call;
 
 /*
- * An Append answer that waits for durability (histd_append.on_durable).
- * Two parties hold it: the driver's report and the handler packing the
- * response; whichever comes second gives the answer, so the report may
- * arrive on the log's thread before the handler is done.
+ * An Append answer that waits for the driver: for durability
+ * (histd_append.on_durable), or for its whole result (on_result). Two
+ * parties hold it: the driver's report and the handler; whichever comes
+ * second gives the answer, so the report may arrive on the driver's
+ * thread before the handler is done.
  */
 struct pending {
 	atomic_int left;
@@ -1453,21 +1454,63 @@ struct pending {
 	uint8_t *data;
 	size_t len;
 	void (*finish)(void *ctx, int rc, uint8_t *data, size_t len,
-		       const char *msg);
+		       const char *msg, uint64_t current_revision);
 	void *finish_ctx;
+	/* With on_result: the driver's result, and what the answer needs
+	 * besides it, copied before the driver was called into `room`, the
+	 * end of this allocation (room_len bytes): the token estimates,
+	 * tenant and session id. */
+	int with_result;
+	histd_append_result res;
+	size_t n_tokens;
+	uint32_t *tokens;
+	const char *tenant, *session_id;
+	histd_context *context;
+	histd_driver *d;
+	size_t room_len;
+	_Alignas(uint32_t) char room[];
 };
+
+/* The answer to a deferred append, from the driver's result. */
+static int
+pending_pack(struct pending *p)
+{
+	Histd__V1__AppendResponse resp = HISTD__V1__APPEND_RESPONSE__INIT;
+	histd_reply r = { 0 };
+	int rc;
+
+	resp.first_seq = p->res.first_seq;
+	resp.last_seq = p->res.last_seq;
+	resp.revision = p->res.revision;
+	resp.n_token_estimates = p->n_tokens;
+	resp.token_estimates = p->tokens;
+	resp.replayed = p->res.replayed != 0;
+	if ((rc = reply_pack(&resp.base, &r)))
+		return rc;
+	p->data = r.data;
+	p->len = r.len;
+	if (!p->res.replayed)
+		histd_context_after_append(p->context, p->d, p->tenant,
+					   p->session_id);
+	return 0;
+}
 
 static void
 pending_release(struct pending *p)
 {
 	if (atomic_fetch_sub(&p->left, 1) != 1)
 		return;
+	if (!p->rc && !p->pack_rc && p->with_result &&
+	    (p->pack_rc = pending_pack(p)))
+		snprintf(p->pack_msg, sizeof(p->pack_msg), "%s",
+			 histd_error_message());
 	if (p->rc)
-		p->finish(p->finish_ctx, p->rc, NULL, 0, p->msg);
+		p->finish(p->finish_ctx, p->rc, NULL, 0, p->msg,
+			  p->rc == HISTD_ECONFLICT ? p->res.current_revision : 0);
 	else if (p->pack_rc)
-		p->finish(p->finish_ctx, p->pack_rc, NULL, 0, p->pack_msg);
+		p->finish(p->finish_ctx, p->pack_rc, NULL, 0, p->pack_msg, 0);
 	else {
-		p->finish(p->finish_ctx, 0, p->data, p->len, "");
+		p->finish(p->finish_ctx, 0, p->data, p->len, "", 0);
 		p->data = NULL;
 	}
 	free(p->data);
@@ -1482,6 +1525,54 @@ pending_durable(void *ctx, int rc, const char *msg)
 	p->rc = rc;
 	snprintf(p->msg, sizeof(p->msg), "%s", msg ? msg : "");
 	pending_release(p);
+}
+
+static void
+pending_result(void *ctx, int rc, const histd_append_result *res,
+	       const char *msg)
+{
+	struct pending *p = ctx;
+
+	if (res)
+		p->res = *res;
+	p->rc = rc;
+	snprintf(p->msg, sizeof(p->msg), "%s", msg ? msg : "");
+	pending_release(p);
+}
+
+/* The room a pending answer needs for an append of n messages. */
+static size_t
+pending_room(const char *tenant, const char *session_id, size_t n)
+{
+	return n * sizeof(uint32_t) + strlen(tenant) + 1 +
+	       strlen(session_id) + 1;
+}
+
+/*
+ * Lets the driver answer p itself (histd_append.on_result): copies what
+ * the answer needs besides the driver's result into p's room. Where it
+ * does not fit, nothing is set and the driver blocks as it would anyway.
+ */
+static void
+pending_take_result(struct pending *p, call *c, const char *session_id,
+		    const batch *b, histd_append *a)
+{
+	size_t tok = b->n * sizeof(uint32_t);
+	size_t lt = strlen(c->tenant) + 1, ls = strlen(session_id) + 1;
+
+	if (tok + lt + ls > p->room_len)
+		return;
+	memcpy(p->room, b->tokens, tok);
+	memcpy(p->room + tok, c->tenant, lt);
+	memcpy(p->room + tok + lt, session_id, ls);
+	p->tokens = (uint32_t *)(void *)p->room;
+	p->n_tokens = b->n;
+	p->tenant = p->room + tok;
+	p->session_id = p->room + tok + lt;
+	p->context = c->s->cfg.context;
+	p->d = c->s->d;
+	a->on_result = pending_result;
+	a->result_ctx = p;
 }
 
 static int
@@ -1809,8 +1900,15 @@ append_messages(call *c, const Histd__V1__AppendRequest *r,
 	if (c->pending) {
 		a.on_durable = pending_durable;
 		a.durable_ctx = c->pending;
+		pending_take_result(c->pending, c, r->session_id, b, &a);
 	}
 	rc = histd_driver_append(c->s->d, &a, &res);
+	if (rc == HISTD_DEFERRED) {
+		/* The driver answers through pending_result. */
+		c->pending->with_result = 1;
+		c->deferred = 1;
+		return 0;
+	}
 	if (rc == HISTD_PENDING) {
 		c->deferred = 1;
 		rc = 0;
@@ -1834,19 +1932,22 @@ static int
 h_append(call *c, void *msg)
 {
 	Histd__V1__AppendResponse resp = HISTD__V1__APPEND_RESPONSE__INIT;
+	const Histd__V1__AppendRequest *r = msg;
+	size_t room = pending_room(c->tenant, r->session_id, r->n_messages);
 	struct pending *p = NULL;
 	batch b;
 	int rc;
 
 	/* Without memory for it, the driver blocks as it would anyway. */
-	if (c->reply->finish && (p = calloc(1, sizeof(*p)))) {
+	if (c->reply->finish && (p = calloc(1, sizeof(*p) + room))) {
+		p->room_len = room;
 		atomic_init(&p->left, 2);
 		p->finish = c->reply->finish;
 		p->finish_ctx = c->reply->finish_ctx;
 		c->pending = p;
 	}
 	rc = append_messages(c, msg, &resp, &b);
-	if (rc == 0)
+	if (rc == 0 && !(p && p->with_result))
 		rc = reply_pack(&resp.base, c->reply);
 	batch_free(&b);
 	if (!p)
@@ -2137,9 +2238,9 @@ slow_run(histd_service *s, struct slow_job *j)
 	else
 		rc = histd_service_unary(s, j->m, &who, j->req, j->len, &r);
 	if (rc)
-		j->finish(j->finish_ctx, rc, NULL, 0, histd_error_message());
+		j->finish(j->finish_ctx, rc, NULL, 0, histd_error_message(), 0);
 	else
-		j->finish(j->finish_ctx, 0, r.data, r.len, "");
+		j->finish(j->finish_ctx, 0, r.data, r.len, "", 0);
 	free(j);
 }
 

@@ -85,15 +85,16 @@ typedef struct histd_reply {
 	uint64_t current_revision;
 	/*
 	 * Set by the transport, or NULL: how an answer that waits for the
-	 * driver's durability report, or for a provider-call thread (Reduce,
-	 * SEMANTIC and HYBRID Search), is given without holding the calling
-	 * thread. The service then returns 0 with `deferred` set and calls
+	 * driver (durability, or the whole result), or for a provider-call
+	 * thread (Reduce, SEMANTIC and HYBRID Search), is given without
+	 * holding the calling thread. The service then returns 0 with `deferred` set and calls
 	 * finish(finish_ctx, ...) exactly once, possibly from another thread
 	 * and possibly before it returns: rc 0 with the packed response
-	 * (malloc'ed, the callee's), or the error with its message.
+	 * (malloc'ed, the callee's), or the error with its message (and
+	 * with HISTD_ECONFLICT the current revision, else 0).
 	 */
 	void (*finish)(void *ctx, int rc, uint8_t *data, size_t len,
-		       const char *msg);
+		       const char *msg, uint64_t current_revision);
 	void *finish_ctx;
 	int deferred;
 	/* Set by the transport with finish: the call's deadline

@@ -382,11 +382,12 @@ conclude(struct histd_call *c, const char *tenant, int rc, uint8_t *data,
  * driver reported durability on. */
 static void
 finish_deferred(void *ctx, int rc, uint8_t *data, size_t len,
-		const char *msg)
+		const char *msg, uint64_t current_revision)
 {
 	struct histd_call *c = ctx;
 
-	conclude(c, c->tenant ? c->tenant->name : "", rc, data, len, msg, 0);
+	conclude(c, c->tenant ? c->tenant->name : "", rc, data, len, msg,
+		 current_revision);
 	histd_call_unref(c);
 }
 

@@ -1,11 +1,14 @@
 /*
  * Append and replace, with group commit.
  *
- * Concurrent appends share transactions: a caller queues its request; if
- * no batch is running (max_inflight), it becomes the leader of everything
- * queued (up to max_batch requests), runs it as one transaction and wakes
- * the others with their results. While a batch runs, the next one
- * gathers.
+ * Concurrent appends share transactions: a request is queued, and a
+ * committer thread takes everything queued (up to max_batch requests) as
+ * one batch whenever fewer than max_inflight batches run, runs it as one
+ * transaction and settles each request. While a batch runs, the next one
+ * gathers. An append that gives histd_append.on_result is copied and
+ * answered through it by the committer (HISTD_DEFERRED): no server thread
+ * waits on PostgreSQL for it. Other callers (replace, the conformance
+ * suite, a full queue) wait for their result.
  *
  * The fast path: a batch of plain appends (no expected revision, no
  * idempotency key, no tool call ids: nothing to check but the session) is
@@ -65,22 +68,38 @@ typedef struct pg_req {
 	histd_append_result res;
 	uint64_t cleared_to_seq;
 	int done;
-	int taken;
 	pthread_cond_t cv;      /* its caller waits on it */
 	struct pg_req *next;
-	/* Leader's working state for this request. */
+	/* The committer's working state for this request. */
 	int sess;               /* index in the batch's sessions; -1 none */
 	int accepted;
+	/* A deferred append (histd_append.on_result), answered by the
+	 * committer and then freed; `a` points to `own`, the request's copy
+	 * in the same allocation. NULL for a waiting caller. */
+	histd_result_fn on_result;
+	void *result_ctx;
+	histd_append own;
 } pg_req;
+
+/* Deferred requests queued or running at most; past it a caller waits,
+ * as before deferral, which bounds the memory a stuck database holds. */
+#define PG_DEFER_MAX 4096
 
 struct pg_group {
 	pthread_mutex_t mu;
-	pthread_cond_t cv;
+	pthread_cond_t cv;      /* idle committers wait on it */
 	pg_req *head, *tail;
 	int inflight;
 	int max_inflight;
 	size_t max_batch;
+	size_t deferred;        /* deferred requests not yet answered */
+	int idle;               /* committers waiting on cv */
+	int stop;
+	pthread_t *threads;
+	int n_threads;
 };
+
+static void *committer_main(void *arg);
 
 int
 pg_group_new(pg_driver *d)
@@ -105,9 +124,29 @@ pg_group_new(pg_driver *d)
 	if (env && atoi(env) >= 1 && atoi(env) <= d->pool_size)
 		g->max_inflight = atoi(env);
 	d->group = g;
+	/* One committer more than batches in flight: while one answers its
+	 * batch's callers, another starts the next batch. */
+	g->threads = calloc((size_t)g->max_inflight + 1, sizeof(*g->threads));
+	if (!g->threads) {
+		pg_group_free(d);
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	}
+	for (int i = 0; i <= g->max_inflight; i++) {
+		int err = pthread_create(&g->threads[i], NULL, committer_main, d);
+
+		if (err) {
+			pg_group_free(d);
+			return histd_error_set(HISTD_EINTERNAL,
+					       "cannot start a committer thread: %s",
+					       strerror(err));
+		}
+		g->n_threads++;
+	}
 	return 0;
 }
 
+/* Stops the committers once the queue is empty: what is queued still
+ * runs, so every deferred append is answered. */
 void
 pg_group_free(pg_driver *d)
 {
@@ -115,6 +154,13 @@ pg_group_free(pg_driver *d)
 
 	if (!g)
 		return;
+	pthread_mutex_lock(&g->mu);
+	g->stop = 1;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+	for (int i = 0; i < g->n_threads; i++)
+		pthread_join(g->threads[i], NULL);
+	free(g->threads);
 	pthread_cond_destroy(&g->cv);
 	pthread_mutex_destroy(&g->mu);
 	free(g);
@@ -1542,36 +1588,64 @@ take(struct pg_group *g, pg_req **batch, size_t max)
 		if (!g->head)
 			g->tail = NULL;
 		h->next = NULL;
-		h->taken = 1;
 		batch[n++] = h;
 	}
 	return n;
 }
 
-/*
- * Each waiter sleeps on its own condition variable: a finished batch wakes
- * exactly its requests, and at most one queued request to lead the next
- * batch (a broadcast would wake every caller for each batch).
- */
-static int
-submit(pg_driver *d, pg_req *rq)
+/* Queues rq (g->mu held) and wakes an idle committer that may run it. */
+static void
+enqueue(struct pg_group *g, pg_req *rq)
 {
-	struct pg_group *g = d->group;
-	pg_req *batch[1024];
-
-	pthread_cond_init(&rq->cv, NULL);
-	pthread_mutex_lock(&g->mu);
 	if (g->tail)
 		g->tail->next = rq;
 	else
 		g->head = rq;
 	g->tail = rq;
-	while (!rq->done) {
-		size_t n;
+	if (g->idle && g->inflight < g->max_inflight)
+		pthread_cond_signal(&g->cv);
+}
 
-		if (g->inflight >= g->max_inflight || !g->head) {
-			pthread_cond_wait(&rq->cv, &g->mu);
-			continue;
+/* Gives a deferred request its answer, then frees it. */
+static void
+answer(pg_req *rq)
+{
+	if (rq->rc == 0)
+		rq->on_result(rq->result_ctx, 0, &rq->res, "");
+	else {
+		histd_append_result res = { 0 };
+
+		if (rq->rc == HISTD_ECONFLICT)
+			res.current_revision = rq->res.current_revision;
+		rq->on_result(rq->result_ctx, rq->rc, &res, rq->err);
+	}
+	free(rq);
+}
+
+/*
+ * A committer thread: runs the next batch whenever fewer than max_inflight
+ * run, then settles it. A waiting caller is woken on its own condition
+ * variable; a deferred request is answered here, after the batch is off
+ * the books, so another committer can start the next batch meanwhile.
+ * At stop, what is queued still runs.
+ */
+static void *
+committer_main(void *arg)
+{
+	pg_driver *d = arg;
+	struct pg_group *g = d->group;
+	pg_req *batch[1024], *later[1024];
+
+	pthread_mutex_lock(&g->mu);
+	for (;;) {
+		size_t n, n_later = 0;
+
+		while (!g->head || g->inflight >= g->max_inflight) {
+			if (g->stop && !g->head)
+				goto out;
+			g->idle++;
+			pthread_cond_wait(&g->cv, &g->mu);
+			g->idle--;
 		}
 		n = take(g, batch, g->max_batch);
 		g->inflight++;
@@ -1580,15 +1654,39 @@ submit(pg_driver *d, pg_req *rq)
 		pthread_mutex_lock(&g->mu);
 		g->inflight--;
 		for (size_t i = 0; i < n; i++) {
+			if (batch[i]->on_result) {
+				later[n_later++] = batch[i];
+				continue;
+			}
 			batch[i]->done = 1;
-			if (batch[i] != rq)
-				pthread_cond_signal(&batch[i]->cv);
+			pthread_cond_signal(&batch[i]->cv);
 		}
-		/* Someone queued leads the next batch, unless we are queued
-		 * still and lead it ourselves. */
-		if (g->head && rq->done)
-			pthread_cond_signal(&g->head->cv);
+		if (g->head && g->idle)
+			pthread_cond_signal(&g->cv);
+		if (!n_later)
+			continue;
+		g->deferred -= n_later;
+		pthread_mutex_unlock(&g->mu);
+		for (size_t i = 0; i < n_later; i++)
+			answer(later[i]);
+		pthread_mutex_lock(&g->mu);
 	}
+out:
+	pthread_mutex_unlock(&g->mu);
+	return NULL;
+}
+
+/* A waiting caller's request: queued, and waited for. */
+static int
+submit(pg_driver *d, pg_req *rq)
+{
+	struct pg_group *g = d->group;
+
+	pthread_cond_init(&rq->cv, NULL);
+	pthread_mutex_lock(&g->mu);
+	enqueue(g, rq);
+	while (!rq->done)
+		pthread_cond_wait(&rq->cv, &g->mu);
 	pthread_mutex_unlock(&g->mu);
 	pthread_cond_destroy(&rq->cv);
 	if (rq->rc)
@@ -1596,12 +1694,141 @@ submit(pg_driver *d, pg_req *rq)
 	return rq->rc;
 }
 
+/* Rounds a size up to pointer alignment. */
+#define ALIGNED(n) (((n) + sizeof(void *) - 1) & ~(sizeof(void *) - 1))
+
+static size_t
+str_size(const char *s)
+{
+	return s ? strlen(s) + 1 : 0;
+}
+
+static const char *
+str_put(char **at, const char *s)
+{
+	size_t n = str_size(s);
+	char *p = *at;
+
+	if (!s)
+		return NULL;
+	memcpy(p, s, n);
+	*at += n;
+	return p;
+}
+
+/*
+ * A deferred request: one allocation holding the request and a copy of
+ * everything a->... points to, so the caller's request may go at once.
+ * NULL without memory.
+ */
+static pg_req *
+req_copy(const histd_append *a)
+{
+	size_t n_refs = 0, bytes = 0, head;
+	histd_msg_in *msgs;
+	histd_tool_ref *refs;
+	pg_req *rq;
+	char *at;
+
+	bytes += str_size(a->tenant) + str_size(a->session_id) +
+		 str_size(a->idempotency_key);
+	if (a->request_hash)
+		bytes += HISTD_HASH_LEN;
+	for (size_t i = 0; i < a->n_msgs; i++) {
+		const histd_msg_in *m = &a->msgs[i];
+
+		n_refs += m->n_calls + m->n_results;
+		bytes += m->len;
+		for (size_t k = 0; k < m->n_calls; k++)
+			bytes += str_size(m->calls[k].id);
+		for (size_t k = 0; k < m->n_results; k++)
+			bytes += str_size(m->results[k].id);
+	}
+	head = ALIGNED(sizeof(*rq)) + ALIGNED(a->n_msgs * sizeof(*msgs)) +
+	       n_refs * sizeof(*refs);
+	if (!(rq = calloc(1, head + bytes)))
+		return NULL;
+	msgs = (histd_msg_in *)(void *)((char *)rq + ALIGNED(sizeof(*rq)));
+	refs = (histd_tool_ref *)(void *)((char *)msgs +
+					  ALIGNED(a->n_msgs * sizeof(*msgs)));
+	at = (char *)rq + head;
+	rq->own = *a;
+	rq->own.on_durable = NULL;
+	rq->own.durable_ctx = NULL;
+	rq->own.on_result = NULL;
+	rq->own.result_ctx = NULL;
+	rq->own.tenant = str_put(&at, a->tenant);
+	rq->own.session_id = str_put(&at, a->session_id);
+	rq->own.idempotency_key = str_put(&at, a->idempotency_key);
+	if (a->request_hash) {
+		memcpy(at, a->request_hash, HISTD_HASH_LEN);
+		rq->own.request_hash = (const uint8_t *)at;
+		at += HISTD_HASH_LEN;
+	}
+	for (size_t i = 0; i < a->n_msgs; i++) {
+		const histd_msg_in *m = &a->msgs[i];
+
+		msgs[i] = *m;
+		memcpy(at, m->data, m->len);
+		msgs[i].data = (const uint8_t *)at;
+		at += m->len;
+		msgs[i].calls = refs;
+		for (size_t k = 0; k < m->n_calls; k++, refs++) {
+			refs->block = m->calls[k].block;
+			refs->id = str_put(&at, m->calls[k].id);
+		}
+		msgs[i].results = refs;
+		for (size_t k = 0; k < m->n_results; k++, refs++) {
+			refs->block = m->results[k].block;
+			refs->id = str_put(&at, m->results[k].id);
+		}
+	}
+	rq->own.msgs = msgs;
+	rq->a = &rq->own;
+	rq->on_result = a->on_result;
+	rq->result_ctx = a->result_ctx;
+	return rq;
+}
+
+/* Queues a copy of a to be answered through a->on_result: HISTD_DEFERRED,
+ * or 0 if the caller should wait instead (the queue holds PG_DEFER_MAX
+ * deferred requests already, or no memory for the copy). */
+static int
+defer(pg_driver *d, const histd_append *a)
+{
+	struct pg_group *g = d->group;
+	pg_req *rq;
+
+	if (!a->on_result)
+		return 0;
+	pthread_mutex_lock(&g->mu);
+	if (g->deferred >= PG_DEFER_MAX) {
+		pthread_mutex_unlock(&g->mu);
+		return 0;
+	}
+	g->deferred++;
+	pthread_mutex_unlock(&g->mu);
+	if (!(rq = req_copy(a))) {
+		pthread_mutex_lock(&g->mu);
+		g->deferred--;
+		pthread_mutex_unlock(&g->mu);
+		return 0;
+	}
+	pthread_mutex_lock(&g->mu);
+	enqueue(g, rq);
+	pthread_mutex_unlock(&g->mu);
+	return HISTD_DEFERRED;
+}
+
 int
 pg_append(histd_driver *drv, const histd_append *a, histd_append_result *res)
 {
 	pg_req rq = { .a = a };
-	int rc = submit((pg_driver *)drv, &rq);
+	int rc = defer((pg_driver *)drv, a);
 
+	if (rc)
+		return rc;
+	rc = submit((pg_driver *)drv, &rq);
 	if (rc == 0)
 		*res = rq.res;
 	else if (rc == HISTD_ECONFLICT)

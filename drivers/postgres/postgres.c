@@ -1274,8 +1274,9 @@ pg_close(histd_driver *drv)
 
 	if (!d)
 		return;
-	pg_watch_stop(d);
+	/* The committers first: a batch they finish may use the watch. */
 	pg_group_free(d);
+	pg_watch_stop(d);
 	if (d->conns) {
 		for (int i = 0; i < d->pool_size; i++)
 			if (d->conns[i].pg)

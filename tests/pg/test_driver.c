@@ -13,6 +13,9 @@
  *   truncates reach it as CLEARED keeping system messages, also when it
  *   catches up on changes it missed;
  * - limits hold for writes racing on two instances;
+ * - appends answered later through on_result (HISTD_DEFERRED) get the
+ *   same results as waiting ones, from a copy of the request, and every
+ *   one queued at close is answered;
  * - sessions of a database from before schema version 6 (no active_at)
  *   expire by the newest message's created_at (the session TTL sweeper of
  *   server/context.c on this driver), those written after by active_at.
@@ -1481,6 +1484,257 @@ an_outside_lock_ends_an_append_at_the_statement_timeout(void **state)
 	histd_session_free(s);
 }
 
+/* ------------------------------------------------------------------------
+ * Deferred appends (histd_append.on_result) */
+
+typedef struct answer {
+	pthread_mutex_t *mu;
+	pthread_cond_t *cv;
+	int calls;
+	int rc;
+	histd_append_result res;
+	char msg[256];
+} answer;
+
+static void
+on_result(void *ctx, int rc, const histd_append_result *res, const char *msg)
+{
+	answer *w = ctx;
+
+	pthread_mutex_lock(w->mu);
+	w->calls++;
+	w->rc = rc;
+	w->res = *res;
+	snprintf(w->msg, sizeof(w->msg), "%s", msg);
+	pthread_cond_broadcast(w->cv);
+	pthread_mutex_unlock(w->mu);
+}
+
+static pthread_mutex_t defer_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t defer_cv = PTHREAD_COND_INITIALIZER;
+
+/* Waits (30 s at most) until every one of ws has been answered. */
+static void
+wait_answers(answer *ws, size_t n)
+{
+	int64_t until = histd_now_us() + 30000000;
+
+	pthread_mutex_lock(&defer_mu);
+	for (size_t i = 0; i < n; i++)
+		while (ws[i].calls == 0 && histd_now_us() < until) {
+			struct timespec ts;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += 10000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&defer_cv, &defer_mu, &ts);
+		}
+	pthread_mutex_unlock(&defer_mu);
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(ws[i].calls, 1);
+}
+
+/*
+ * A deferred append whose request lives in buffers the caller scribbles
+ * over as soon as the driver returned: the driver must have copied it.
+ * calls/results: tool call ids it issues or answers (NULL: none).
+ */
+static void
+append_deferred(histd_driver *d, const char *sid, const char *text,
+		const char *call, const char *result, const char *key,
+		uint64_t expected, answer *w)
+{
+	char id[64], k[64], tc[64], tr[64];
+	uint8_t hash[HISTD_HASH_LEN];
+	size_t len;
+	uint8_t *data = pack_message(text, "planner", 0, &len);
+	histd_tool_ref calls = { .id = tc }, results = { .id = tr };
+	histd_msg_in m = { .data = data, .len = len, .token_estimate = 3 };
+	histd_append_result unused;
+	histd_append a = { .tenant = "t", .session_id = id, .msgs = &m,
+			   .n_msgs = 1, .now_us = histd_now_us(),
+			   .expected_revision = expected,
+			   .on_result = on_result, .result_ctx = w };
+
+	snprintf(id, sizeof(id), "%s", sid);
+	if (call) {
+		snprintf(tc, sizeof(tc), "%s", call);
+		m.calls = &calls;
+		m.n_calls = 1;
+	}
+	if (result) {
+		snprintf(tr, sizeof(tr), "%s", result);
+		m.results = &results;
+		m.n_results = 1;
+	}
+	if (key) {
+		snprintf(k, sizeof(k), "%s", key);
+		memset(hash, 7, sizeof(hash));
+		a.idempotency_key = k;
+		a.request_hash = hash;
+		a.idem_expires_us = a.now_us + 60000000;
+	}
+	w->mu = &defer_mu;
+	w->cv = &defer_cv;
+	assert_int_equal(histd_driver_append(d, &a, &unused), HISTD_DEFERRED);
+	memset(data, 0xAA, len);
+	memset(id, 'x', sizeof(id) - 1);
+	memset(k, 'y', sizeof(k) - 1);
+	memset(tc, 'z', sizeof(tc) - 1);
+	memset(tr, 'z', sizeof(tr) - 1);
+	memset(hash, 0, sizeof(hash));
+	free(data);
+}
+
+typedef struct deferrer {
+	histd_driver *d;
+	char id[16];
+	answer w[50];
+} deferrer;
+
+static void *
+defer_many(void *arg)
+{
+	deferrer *t = arg;
+
+	for (int i = 0; i < 50; i++) {
+		char text[32];
+
+		snprintf(text, sizeof(text), "m-%d", i);
+		append_deferred(t->d, t->id, text, NULL, NULL, NULL, 0,
+				&t->w[i]);
+	}
+	return NULL;
+}
+
+/* The text of a stored record ("m-7"), unpacked. */
+static char *
+record_text(const histd_record *r)
+{
+	Histd__V1__Message *m = histd__v1__message__unpack(NULL, r->len,
+							    r->data);
+	char *t;
+
+	assert_non_null(m);
+	assert_int_equal(m->n_content, 1);
+	t = strdup(m->content[0]->text->text);
+	histd__v1__message__free_unpacked(m, NULL);
+	return t;
+}
+
+static void
+deferred_appends_are_answered_through_on_result(void **state)
+{
+	fixture *f = *state;
+	deferrer t[4];
+	pthread_t th[4];
+	answer w[6] = { 0 };
+
+	f->d = open_driver(f->dsn, 4);
+	for (int i = 0; i < 4; i++) {
+		memset(&t[i], 0, sizeof(t[i]));
+		t[i].d = f->d;
+		snprintf(t[i].id, sizeof(t[i].id), "d%d", i);
+		create(f->d, t[i].id);
+	}
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, defer_many, &t[i]), 0);
+	for (int i = 0; i < 4; i++)
+		pthread_join(th[i], NULL);
+
+	/* Each answered once, OK, with the seq and revision that its
+	 * session gave it; the stored bytes are the request's, though the
+	 * caller overwrote them as soon as the driver returned. */
+	for (int i = 0; i < 4; i++) {
+		histd_read q = { .tenant = "t", .session_id = t[i].id };
+		histd_read_result rr = { 0 };
+		int seen[51] = { 0 };
+
+		wait_answers(t[i].w, 50);
+		assert_int_equal(histd_driver_read(f->d, &q, &rr), 0);
+		assert_int_equal(rr.records.n, 50);
+		for (int k = 0; k < 50; k++) {
+			answer *a = &t[i].w[k];
+			uint64_t seq = a->res.first_seq;
+			char want[32], *got;
+
+			assert_int_equal(a->rc, 0);
+			assert_int_equal(a->res.last_seq, seq);
+			assert_true(seq >= 1 && seq <= 50);
+			assert_int_equal(a->res.revision, seq + 1);
+			assert_int_equal(a->res.replayed, 0);
+			seen[seq]++;
+			snprintf(want, sizeof(want), "m-%d", k);
+			got = record_text(&rr.records.v[seq - 1]);
+			assert_string_equal(got, want);
+			free(got);
+			/* One caller's appends keep its order. */
+			if (k)
+				assert_true(seq > t[i].w[k - 1].res.first_seq);
+		}
+		for (int k = 1; k <= 50; k++)
+			assert_int_equal(seen[k], 1);
+		histd_read_result_clear(&rr);
+	}
+
+	/* A conflict answers ECONFLICT with the current revision. */
+	append_deferred(f->d, "d0", "stale", NULL, NULL, NULL, 3, &w[0]);
+	wait_answers(&w[0], 1);
+	assert_int_equal(w[0].rc, HISTD_ECONFLICT);
+	assert_int_equal(w[0].res.current_revision, 51);
+
+	/* A retry with the same key is answered with the first result. */
+	append_deferred(f->d, "d1", "once", NULL, NULL, "key-1", 0, &w[1]);
+	wait_answers(&w[1], 1);
+	append_deferred(f->d, "d1", "once", NULL, NULL, "key-1", 0, &w[2]);
+	wait_answers(&w[2], 1);
+	assert_int_equal(w[1].rc, 0);
+	assert_int_equal(w[2].rc, 0);
+	assert_int_equal(w[2].res.replayed, 1);
+	assert_int_equal(w[2].res.first_seq, w[1].res.first_seq);
+	assert_int_equal(w[2].res.first_seq, 51);
+
+	/* Tool call ids are the request's: a result answers the call
+	 * issued before it, one for an unknown call is refused. */
+	append_deferred(f->d, "d2", "calls", "call-1", NULL, NULL, 0, &w[3]);
+	wait_answers(&w[3], 1);
+	append_deferred(f->d, "d2", "answers", NULL, "call-1", NULL, 0, &w[4]);
+	append_deferred(f->d, "d2", "stray", NULL, "call-2", NULL, 0, &w[5]);
+	wait_answers(&w[4], 2);
+	assert_int_equal(w[3].rc, 0);
+	assert_int_equal(w[4].rc, 0);
+	assert_int_equal(w[5].rc, HISTD_EINVALID);
+	assert_non_null(strstr(w[5].msg, "tool_call_id"));
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM messages m JOIN"
+			 " sessions s ON s.sid = m.sid WHERE s.id = 'd2'"), 52);
+}
+
+/*
+ * The deferred appends queued when the driver closes are run and answered
+ * before close returns: none is left unanswered.
+ */
+static void
+close_answers_every_queued_deferred_append(void **state)
+{
+	fixture *f = *state;
+	answer w[40] = { 0 };
+
+	f->d = open_driver(f->dsn, 2);
+	create(f->d, "c");
+	for (int i = 0; i < 40; i++)
+		append_deferred(f->d, "c", "q", NULL, NULL, NULL, 0, &w[i]);
+	histd_driver_close(f->d);
+	f->d = NULL;
+	for (int i = 0; i < 40; i++) {
+		assert_int_equal(w[i].calls, 1);
+		assert_int_equal(w[i].rc, 0);
+	}
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM messages"), 40);
+}
+
 int
 main(void)
 {
@@ -1503,6 +1757,8 @@ main(void)
 		T(sessions_per_tenant_limit_holds_for_creates_racing_on_two_instances),
 		T(session_size_limit_holds_for_appends_racing_on_two_instances),
 		T(an_outside_lock_ends_an_append_at_the_statement_timeout),
+		T(deferred_appends_are_answered_through_on_result),
+		T(close_answers_every_queued_deferred_append),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, NULL);

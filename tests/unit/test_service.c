@@ -2172,11 +2172,12 @@ struct deferred {
 
 static void
 deferred_finish(void *ctx, int rc, uint8_t *data, size_t len,
-		const char *msg)
+		const char *msg, uint64_t current_revision)
 {
 	struct deferred *d = ctx;
 
 	(void)len;
+	(void)current_revision;
 	free(data);
 	pthread_mutex_lock(&d->mu);
 	d->done = 1;
