@@ -450,6 +450,78 @@ histd_driver_session_fork(histd_driver *d, const char *tenant,
 	return rc;
 }
 
+/*
+ * An append answered later (HISTD_PENDING, HISTD_DEFERRED) is observed
+ * when its answer comes, with that answer: the wrapper puts its own
+ * callbacks between the driver and the caller's.
+ */
+typedef struct observed_append {
+	histd_driver_observer obs;
+	int64_t t0;
+	histd_durable_fn on_durable;
+	void *durable_ctx;
+	histd_result_fn on_result;
+	void *result_ctx;
+} observed_append;
+
+static void
+observed_durable(void *ctx, int rc, const char *msg)
+{
+	observed_append *o = ctx;
+	histd_durable_fn fn = o->on_durable;
+	void *fn_ctx = o->durable_ctx;
+
+	o->obs("append", histd_mono_us() - o->t0, rc);
+	free(o);
+	fn(fn_ctx, rc, msg);
+}
+
+static void
+observed_result(void *ctx, int rc, const histd_append_result *res,
+		const char *msg)
+{
+	observed_append *o = ctx;
+	histd_result_fn fn = o->on_result;
+	void *fn_ctx = o->result_ctx;
+
+	o->obs("append", histd_mono_us() - o->t0, rc);
+	free(o);
+	fn(fn_ctx, rc, res, msg);
+}
+
+/* d->append, observed; for one answered later, when the answer comes. */
+static int
+append_observed(histd_driver *d, const histd_append *a,
+		histd_append_result *r)
+{
+	histd_driver_observer obs = observer;
+	histd_append w;
+	observed_append *o;
+	int rc;
+
+	if (!obs || (!a->on_durable && !a->on_result) ||
+	    !(o = malloc(sizeof(*o))))
+		return OBSERVED("append", d->append(d, a, r));
+	*o = (observed_append){ .obs = obs, .t0 = histd_mono_us(),
+				.on_durable = a->on_durable,
+				.durable_ctx = a->durable_ctx,
+				.on_result = a->on_result,
+				.result_ctx = a->result_ctx };
+	w = *a;
+	w.on_durable = a->on_durable ? observed_durable : NULL;
+	w.durable_ctx = o;
+	w.on_result = a->on_result ? observed_result : NULL;
+	w.result_ctx = o;
+	rc = d->append(d, &w, r);
+	/* Answered later: o is the callback's now, maybe already freed. */
+	if ((rc == HISTD_PENDING && a->on_durable) ||
+	    (rc == HISTD_DEFERRED && a->on_result))
+		return rc;
+	obs("append", histd_mono_us() - o->t0, rc);
+	free(o);
+	return rc;
+}
+
 int
 histd_driver_append(histd_driver *d, const histd_append *a,
 		    histd_append_result *res)
@@ -467,7 +539,7 @@ histd_driver_append(histd_driver *d, const histd_append *a,
 				       "idempotency_key is set without a request hash");
 	if (!res)
 		return histd_error_set(HISTD_EINVALID, "append result is NULL");
-	rc = OBSERVED("append", d->append(d, a, &r));
+	rc = append_observed(d, a, &r);
 	if (rc == HISTD_DEFERRED)
 		/* The answer goes to on_result; a driver that defers without
 		 * one would leave the append unanswered. */

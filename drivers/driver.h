@@ -720,7 +720,10 @@ int histd_driver_can_truncate(const histd_driver *d);
 
 /* Called by every wrapper after its driver callback, with the callback's
  * name ("append", "read", ...), how long it took and what it returned: the
- * hook for metrics. Set once at start (NULL: none); process-wide. */
+ * hook for metrics. An append answered later (HISTD_PENDING, or
+ * HISTD_DEFERRED) is reported when its answer comes, with that answer,
+ * from the driver's thread. Set once at start (NULL: none);
+ * process-wide. */
 typedef void (*histd_driver_observer)(const char *op, int64_t duration_us,
 				      int rc);
 void histd_driver_set_observer(histd_driver_observer fn);

@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1625,6 +1626,21 @@ record_text(const histd_record *r)
 	return t;
 }
 
+/* What the driver observer saw of appends: how many, and how many
+ * reported an answer still to come instead of the append's result. */
+static atomic_int observed_appends, observed_unsettled;
+
+static void
+observe(const char *op, int64_t duration_us, int rc)
+{
+	(void)duration_us;
+	if (strcmp(op, "append") != 0)
+		return;
+	atomic_fetch_add(&observed_appends, 1);
+	if (rc == HISTD_DEFERRED || rc == HISTD_PENDING)
+		atomic_fetch_add(&observed_unsettled, 1);
+}
+
 static void
 deferred_appends_are_answered_through_on_result(void **state)
 {
@@ -1634,6 +1650,10 @@ deferred_appends_are_answered_through_on_result(void **state)
 	answer w[6] = { 0 };
 
 	f->d = open_driver(f->dsn, 4);
+	/* Each deferred append is observed once, with its answer. */
+	atomic_store(&observed_appends, 0);
+	atomic_store(&observed_unsettled, 0);
+	histd_driver_set_observer(observe);
 	for (int i = 0; i < 4; i++) {
 		memset(&t[i], 0, sizeof(t[i]));
 		t[i].d = f->d;
@@ -1710,6 +1730,9 @@ deferred_appends_are_answered_through_on_result(void **state)
 	assert_non_null(strstr(w[5].msg, "tool_call_id"));
 	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM messages m JOIN"
 			 " sessions s ON s.sid = m.sid WHERE s.id = 'd2'"), 52);
+	histd_driver_set_observer(NULL);
+	assert_int_equal(atomic_load(&observed_appends), 4 * 50 + 6);
+	assert_int_equal(atomic_load(&observed_unsettled), 0);
 }
 
 /*
