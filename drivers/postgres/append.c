@@ -1799,22 +1799,15 @@ defer(pg_driver *d, const histd_append *a)
 	struct pg_group *g = d->group;
 	pg_req *rq;
 
-	if (!a->on_result)
+	if (!a->on_result || !(rq = req_copy(a)))
 		return 0;
 	pthread_mutex_lock(&g->mu);
 	if (g->deferred >= PG_DEFER_MAX) {
 		pthread_mutex_unlock(&g->mu);
+		free(rq);
 		return 0;
 	}
 	g->deferred++;
-	pthread_mutex_unlock(&g->mu);
-	if (!(rq = req_copy(a))) {
-		pthread_mutex_lock(&g->mu);
-		g->deferred--;
-		pthread_mutex_unlock(&g->mu);
-		return 0;
-	}
-	pthread_mutex_lock(&g->mu);
 	enqueue(g, rq);
 	pthread_mutex_unlock(&g->mu);
 	return HISTD_DEFERRED;
