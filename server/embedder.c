@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "histd_wire.h"
 #include "index/index.h"
 #include "log.h"
 #include "metrics.h"
@@ -67,15 +68,6 @@ struct histd_embedder {
 	int64_t last_drop_log_us;
 	histd_embedder_stats st;
 };
-
-static int64_t
-mono_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 static int
 enomem(void)
@@ -214,7 +206,7 @@ push_ready(histd_embedder *e, job *j)
 static void
 count_drop(histd_embedder *e)
 {
-	int64_t now = mono_us();
+	int64_t now = histd_mono_us();
 
 	e->st.dropped++;
 	histd_metrics_counter_add("histd_embedding_jobs_dropped_total",
@@ -272,7 +264,7 @@ take(histd_embedder *e)
 
 		if (e->stopping)
 			return NULL;
-		now = mono_us();
+		now = histd_mono_us();
 		for (p = &e->delayed; *p;) {
 			job *j = *p;
 
@@ -562,7 +554,7 @@ worker_main(void *arg)
 			/* Full jitter: retries of many jobs do not align. */
 			wait = wait / 2 + (int64_t)(rand() % (int)(wait / 2 + 1));
 			j->attempts++;
-			j->not_before_us = mono_us() + wait;
+			j->not_before_us = histd_mono_us() + wait;
 			j->next = e->delayed;
 			e->delayed = j;
 			e->waiting++;
@@ -687,7 +679,7 @@ s_embed(void *ctx, const char *provider, const char *model, const char *text,
 	if (deadline_us) {
 		/* The caller's time left, rounded up; the client takes the
 		 * smaller of it and --embedding-timeout-ms. */
-		int64_t left = deadline_us - mono_us();
+		int64_t left = deadline_us - histd_mono_us();
 
 		if (left <= 0)
 			return histd_error_set(HISTD_EUNAVAILABLE, "the caller's "

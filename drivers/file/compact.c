@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "histd_wire.h"
 #include "internal.h"
 
 /* Snapshot bytes buffered before each write. */
@@ -59,15 +60,6 @@ wall_us(void)
 	struct timespec ts;
 
 	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static int64_t
-mono_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
@@ -478,7 +470,7 @@ failed_locked(hf_driver *d)
 {
 	hf_log_line(d, HF_LOG_WARN, "file driver: compaction failed; retrying later",
 		    "dir", d->dir, "error", histd_error_message(), NULL);
-	d->maint_next_us = mono_us() + RETRY_US;
+	d->maint_next_us = histd_mono_us() + RETRY_US;
 }
 
 static void *
@@ -543,7 +535,7 @@ void
 hf_maint_poke(hf_driver *d)
 {
 	pthread_mutex_lock(&d->maint_mu);
-	if (!d->maint_want && mono_us() >= d->maint_next_us) {
+	if (!d->maint_want && histd_mono_us() >= d->maint_next_us) {
 		d->maint_want = 1;
 		pthread_cond_signal(&d->maint_cv);
 	}

@@ -1417,20 +1417,11 @@ parse_mode(const char *s, enum hf_fsync *mode)
 	return 0;
 }
 
-static int64_t
-mono_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 int
 histd_file_driver_open_ex(const histd_driver_config *cfg,
 			  const histd_file_options *opt, histd_driver **out)
 {
-	int64_t t0 = mono_us();
+	int64_t t0 = histd_mono_us();
 	pthread_rwlockattr_t attr;
 	enum hf_fsync mode = HF_FSYNC_BATCH;
 	hf_driver *d;
@@ -1521,7 +1512,7 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 		}
 		hf_maint_failed(d);
 	}
-	d->open_us = (uint64_t)(mono_us() - t0);
+	d->open_us = (uint64_t)(histd_mono_us() - t0);
 	*out = &d->base;
 	return 0;
 }

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "histd_wire.h"
 #include "internal.h"
 
 /* Zeros written ahead of the log's end (always, batch): writes inside the
@@ -117,19 +118,10 @@ struct hf_wal {
 	uint64_t alloc;                 /* the file's size: zeros from pos */
 };
 
-static int64_t
-mono_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static void
 abs_deadline(struct timespec *ts, int64_t us_from_now)
 {
-	int64_t t = mono_us() + us_from_now;
+	int64_t t = histd_mono_us() + us_from_now;
 
 	ts->tv_sec = t / 1000000;
 	ts->tv_nsec = (long)(t % 1000000) * 1000;
@@ -182,7 +174,7 @@ gather(hf_wal *w)
 	/* Three quarters: the last ones are the slowest round trips, and
 	 * join the next batch rather than hold this one. */
 	size_t want = (w->inside_max * 3 + 3) / 4;
-	int64_t t0 = mono_us();
+	int64_t t0 = histd_mono_us();
 	struct timespec dl;
 	int timed_out = 0;
 
@@ -204,7 +196,7 @@ gather(hf_wal *w)
 
 		w->inside_max = in ? in : 1;
 	}
-	w->st.gather_us += (uint64_t)(mono_us() - t0);
+	w->st.gather_us += (uint64_t)(histd_mono_us() - t0);
 }
 
 static int
@@ -303,11 +295,11 @@ write_batch(hf_wal *w, const hf_buf *b, int rot, size_t rot_at,
 			return log_error(w, "write", -rc);
 	}
 	if (w->d->mode != HF_FSYNC_NEVER && b->len) {
-		int64_t t0 = mono_us();
+		int64_t t0 = histd_mono_us();
 
 		if (fdatasync(w->fd) != 0)
 			return log_error(w, "fdatasync", errno);
-		w->sync_us += (uint64_t)(mono_us() - t0);
+		w->sync_us += (uint64_t)(histd_mono_us() - t0);
 		(*syncs)++;
 	}
 	return 0;
