@@ -526,6 +526,7 @@ stop:
 	/* Nothing of this test outlives it: the server stops too. */
 	histd_client_stream_close(w.st);
 	histd_client_close(c);
+	harness_dump_log(p);    /* what histd saw, for the failure's cause */
 	harness_stop(p);
 	fail_msg("%s", why);
 }
