@@ -1297,9 +1297,7 @@ fast_pipeline(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
 	if (broken) {
 		if (res[0] && rc == 0 && committed) {
 			/* Committed and answered; only the notice is lost. */
-			PQfinish(c->pg);
-			c->pg = NULL;
-			pg_watch_sweep(d);
+			pg_notice_lost(d, c);
 			*out = res[0];
 			return 0;
 		}
@@ -1311,6 +1309,7 @@ fast_pipeline(pg_driver *d, pg_conn *c, enum pg_stmt st, const pg_params *p,
 			 * commit sent, connection lost); the sweep re-reads
 			 * in case it did. */
 			*retry = 0;
+			pg_timed_out(d, pg);
 			rc = histd_error_set(HISTD_EUNAVAILABLE,
 				"PostgreSQL did not confirm the commit: the "
 				"write may not be applied");

@@ -49,6 +49,32 @@ static _Thread_local int64_t timed_out_ms;
  * on a new connection, which would only wait as long once more. */
 static _Thread_local int reported_timeout;
 
+/* A connect that fails after this long ran into connect_timeout (libpq
+ * gives it at least 2 s), not a refusal. */
+#define PG_CONNECT_SLOW_US INT64_C(1000000)
+
+/* A server that answers nothing is down until the listener's probe says
+ * otherwise: calls fail at once instead of each waiting as long, and
+ * every pooled connection is made anew. */
+static void
+pg_unresponsive(pg_driver *d)
+{
+	atomic_store(&d->db_up, 0);
+	atomic_fetch_add(&d->gen, 1);
+	pg_lost(d);
+}
+
+int
+pg_timed_out(pg_driver *d, const PGconn *pg)
+{
+	if (!pg || pg != timed_out)
+		return 0;
+	timed_out = NULL;
+	reported_timeout = 1;
+	pg_unresponsive(d);
+	return 1;
+}
+
 int
 pg_error(pg_driver *d, PGconn *pg, const PGresult *r, int *retry)
 {
@@ -59,17 +85,10 @@ pg_error(pg_driver *d, PGconn *pg, const PGresult *r, int *retry)
 	if (retry)
 		*retry = 0;
 	if (pg && pg == timed_out) {
+		if (d)
+			pg_timed_out(d, pg);
 		timed_out = NULL;
 		reported_timeout = 1;
-		if (d) {
-			/* A server that answers nothing is down until the
-			 * listener's probe says otherwise: calls fail at once
-			 * instead of each waiting as long, and every pooled
-			 * connection is made anew. */
-			atomic_store(&d->db_up, 0);
-			atomic_fetch_add(&d->gen, 1);
-			pg_lost(d);
-		}
 		if (timed_out_ms <= 0)
 			return histd_error_set(HISTD_EUNAVAILABLE,
 					       "PostgreSQL did not answer in time");
@@ -292,6 +311,8 @@ pg_acquire(pg_driver *d, pg_conn **out)
 		c->pg = NULL;
 	}
 	if (!c->pg) {
+		int64_t started;
+
 		/* During an outage, fail at once rather than each call
 		 * waiting out a connect: the listener probes the server and
 		 * says when it is back. */
@@ -300,11 +321,19 @@ pg_acquire(pg_driver *d, pg_conn **out)
 			return histd_error_set(HISTD_EUNAVAILABLE,
 					       "PostgreSQL is unreachable");
 		}
+		started = histd_mono_us();
 		c->gen = atomic_load(&d->gen);
 		rc = pg_connect(d, &c->pg, 1);
 		if (rc) {
 			pg_release(d, c);
-			if (rc == HISTD_EUNAVAILABLE)
+			/* Refused at once, the listener sees for itself. A
+			 * connect that waited (connect_timeout: a hung server,
+			 * or a host that drops packets) says the server does
+			 * not answer: down, or every call would wait as long. */
+			if (rc == HISTD_EUNAVAILABLE &&
+			    histd_mono_us() - started >= PG_CONNECT_SLOW_US)
+				pg_unresponsive(d);
+			else if (rc == HISTD_EUNAVAILABLE)
 				pg_lost(d);
 			return rc;
 		}
@@ -334,6 +363,15 @@ void
 pg_lost(pg_driver *d)
 {
 	pg_watch_kick(d);
+}
+
+void
+pg_notice_lost(pg_driver *d, pg_conn *c)
+{
+	pg_timed_out(d, c->pg);
+	PQfinish(c->pg);
+	c->pg = NULL;
+	pg_watch_sweep(d);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -506,9 +544,7 @@ pg_pipeline(pg_driver *d, pg_conn *c, size_t n, const enum pg_stmt *st,
 	if (broken && rc == 0 && got == required && best_effort < n) {
 		/* Everything that matters was answered; only a notice after
 		 * the COMMIT is lost. */
-		PQfinish(c->pg);
-		c->pg = NULL;
-		pg_watch_sweep(d);
+		pg_notice_lost(d, c);
 		return 0;
 	}
 	if (broken) {

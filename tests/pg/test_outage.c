@@ -14,8 +14,9 @@
  * sockets open, so that connections neither fail nor answer (a hung host).
  * There histd gives up on a statement --pg-timeout-ms and 2 s after
  * sending it: calls end UNAVAILABLE before the caller's deadline, never
- * hang. The cluster is this test's own (it is stopped), made with
- * pgtest.sh.
+ * hang. And frozen while histd must connect: a connect that gives up
+ * takes PostgreSQL as down, so the next call fails at once. The cluster
+ * is this test's own (it is stopped), made with pgtest.sh.
  *
  * Usage: pg_outage <histd binary>, with $HISTD_PGTEST.
  */
@@ -85,8 +86,10 @@ typedef struct loader {
 	atomic_llong last_ok_ms;
 } loader;
 
+/* One Append; its code, and its status message in `details` if given. */
 static grpc_status_code
-append_one(histd_client *c, const char *session, const char *text, uint64_t *seq)
+append_one(histd_client *c, const char *session, const char *text, uint64_t *seq,
+	   char *details, size_t details_size)
 {
 	tarena *a = ta_new();
 	Histd__V1__AppendRequest req = HISTD__V1__APPEND_REQUEST__INIT;
@@ -103,6 +106,8 @@ append_one(histd_client *c, const char *session, const char *text, uint64_t *seq
 			   &histd__v1__append_response__descriptor, CALL_MS, NULL,
 			   (ProtobufCMessage **)&resp, &st);
 	code = st.code;
+	if (details)
+		snprintf(details, details_size, "%s", st.details ? st.details : "");
 	if (resp) {
 		*seq = resp->first_seq;
 		histd_client_message_free(&resp->base);
@@ -125,7 +130,7 @@ load(void *arg)
 		grpc_status_code code;
 
 		snprintf(text, sizeof(text), "l%d-%d", l->id, n);
-		code = append_one(l->c, l->sessions[s], text, &seq);
+		code = append_one(l->c, l->sessions[s], text, &seq, NULL, 0);
 		if (code == GRPC_STATUS_OK) {
 			if (l->n_ok == l->cap) {
 				l->cap = l->cap ? l->cap * 2 : 1024;
@@ -552,6 +557,116 @@ postgres_stuck_under_load_fails_calls_in_time_and_loses_no_acknowledged_append(v
 	outage("stuck");
 }
 
+/*
+ * A server that hangs while histd connects to it. The connect gives up at
+ * connect_timeout (3 s), and that says PostgreSQL does not answer, as a
+ * statement's timeout does: the next call fails at once ("PostgreSQL is
+ * unreachable", no detail) instead of waiting out a connect of its own,
+ * which, one call after another, would keep appends waiting far past
+ * their deadlines.
+ */
+static void
+postgres_hung_at_connect_fails_the_next_call_at_once(void **st)
+{
+	char *db = pgh_new_database(cluster, "hungconnect");
+	const char *extra[] = {
+		"--driver", "postgres", "--dsn", db, "--pool-size", "2",
+		"--pg-timeout-ms", "1000", NULL,
+	};
+	histd_proc *p = NULL;
+	histd_client *c;
+	char *session, one[256], first[256], second[256], err[200];
+	char **text = NULL;
+	grpc_status_code code;
+	uint64_t seq = 0, last = 0;
+	int frozen = 0, n_one;
+	char why[1024];
+
+	(void)st;
+	assert_non_null(db);
+	assert_int_equal(harness_start(&p, extra), 0);
+	c = harness_client(p);
+	session = t_create_session(c, "hung");
+
+	/* Frozen under a pooled connection: the statement's timeout. It
+	 * leaves every pooled connection to be made anew at next use. */
+	CHECK(pgh_cluster("freeze", state, NULL) == 0, "cannot freeze PostgreSQL");
+	frozen = 1;
+	code = append_one(c, session, "one", &seq, one, sizeof(one));
+	CHECK(code == GRPC_STATUS_UNAVAILABLE && strstr(one, "did not answer"),
+	      "frozen, an append on a pooled connection ended %s \"%s\"",
+	      histd_status_code_name(code), one);
+	CHECK(pgh_cluster("thaw", state, NULL) == 0, "cannot thaw PostgreSQL");
+	frozen = 0;
+	CHECK(wait_health(c, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING,
+			  15000) >= 0, "health not SERVING within 15 s of the thaw");
+
+	/* Frozen again: the next append must connect, and gives up. */
+	CHECK(pgh_cluster("freeze", state, NULL) == 0, "cannot freeze PostgreSQL");
+	frozen = 1;
+	code = append_one(c, session, "two", &seq, first, sizeof(first));
+	CHECK(code == GRPC_STATUS_UNAVAILABLE &&
+	      !strncmp(first, "PostgreSQL is unreachable: ", 27),
+	      "frozen, an append that connects ended %s \"%s\"",
+	      histd_status_code_name(code), first);
+	code = append_one(c, session, "three", &seq, second, sizeof(second));
+	CHECK(code == GRPC_STATUS_UNAVAILABLE &&
+	      !strcmp(second, "PostgreSQL is unreachable"),
+	      "after a connect that gave up (\"%s\"), the next append ended"
+	      " %s \"%s\", not at once", first, histd_status_code_name(code),
+	      second);
+	CHECK(pgh_cluster("thaw", state, NULL) == 0, "cannot thaw PostgreSQL");
+	frozen = 0;
+
+	/* And back by itself. */
+	for (int64_t give_up = t_now_ms() + 15000;;) {
+		code = append_one(c, session, "four", &seq, NULL, 0);
+		if (code == GRPC_STATUS_OK || t_now_ms() > give_up)
+			break;
+		usleep(100000);
+	}
+	CHECK(code == GRPC_STATUS_OK, "appends did not recover within 15 s: %s",
+	      histd_status_code_name(code));
+
+	/* "one" went out before its timeout, and PostgreSQL may run it once
+	 * thawed: stored or not, as its error said. The others never left. */
+	CHECK(stored(c, session, &text, &last, err, sizeof(err)) == 0,
+	      "reading back: %s", err);
+	n_one = 0;
+	for (uint64_t q = 1; q <= last; q++) {
+		CHECK(!text[q] || (strcmp(text[q], "two") && strcmp(text[q], "three")),
+		      "\"%s\", refused UNAVAILABLE, is stored at seq %" PRIu64,
+		      text[q], q);
+		n_one += text[q] && !strcmp(text[q], "one");
+	}
+	CHECK(last >= 1 && text[last] && !strcmp(text[last], "four") && last == seq,
+	      "the recovered append is not the last stored");
+	CHECK(n_one == 0 || strstr(one, "may not be applied"),
+	      "\"one\" is stored, but its error said \"%s\"", one);
+	print_message("hung: \"one\" %s; \"%s\"; then \"%s\"\n",
+		      n_one ? "applied after the thaw" : "not applied", first, second);
+	free_texts(text, last);
+	text = NULL;
+
+	free(session);
+	histd_client_close(c);
+	assert_int_equal(harness_stop(p), 0);
+	pgh_drop_database(db);
+	free(db);
+	return;
+stop:
+	if (frozen)
+		pgh_cluster("thaw", state, NULL);
+	free_texts(text, last);
+	free(session);
+	histd_client_close(c);
+	harness_dump_log(p);
+	harness_stop(p);
+	pgh_drop_database(db);
+	free(db);
+	fail_msg("%s", why);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -559,6 +674,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(postgres_fast_shutdown_under_load_loses_no_acknowledged_append),
 		cmocka_unit_test(postgres_crash_under_load_loses_no_acknowledged_append),
 		cmocka_unit_test(postgres_stuck_under_load_fails_calls_in_time_and_loses_no_acknowledged_append),
+		cmocka_unit_test(postgres_hung_at_connect_fails_the_next_call_at_once),
 	};
 
 	if (harness_init(argc, argv) != 0)
