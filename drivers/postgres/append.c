@@ -10,6 +10,13 @@
  * waits on PostgreSQL for it. Other callers (replace, the conformance
  * suite, a full queue) wait for their result.
  *
+ * A batch that has run PG_STALL_US (waiting on a row lock held elsewhere,
+ * say) does not hold back the sessions it does not contain: while every
+ * batch in flight is that old and the server itself still answers (the
+ * listener's probe), another may start, with the queued requests of the
+ * sessions no running batch holds (next_batch). Those of the held
+ * sessions stay queued in their order.
+ *
  * The fast path: a batch of plain appends (no expected revision, no
  * idempotency key, no tool call ids: nothing to check but the session) is
  * one statement, its own transaction, one round trip (ST_FAST_APPEND: lock
@@ -51,6 +58,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "histd_wire.h"
 #include "pg.h"
@@ -73,6 +81,7 @@ typedef struct pg_req {
 	/* The committer's working state for this request. */
 	int sess;               /* index in the batch's sessions; -1 none */
 	int accepted;
+	uint64_t key;           /* hash of (tenant, session id): held() */
 	/* A deferred append (histd_append.on_result), answered by the
 	 * committer and then freed; `a` points to `own`, the request's copy
 	 * in the same allocation. NULL for a waiting caller. */
@@ -85,17 +94,37 @@ typedef struct pg_req {
  * as before deferral, which bounds the memory a stuck database holds. */
 #define PG_DEFER_MAX 4096
 
+/* A batch that has run this long is taken as stalled (waiting on a lock
+ * held elsewhere, or on a slow commit): another batch may start beside it
+ * with the requests of sessions no running batch holds. A batch's round
+ * trip is about a millisecond under load. */
+#define PG_STALL_US 100000
+/* Batches beyond max_inflight while those in flight are stalled, at most;
+ * fewer if the pool is small (one connection stays for the reads). */
+#define PG_STALL_EXTRA 4
+
+/* A batch in flight: when it started (0: the slot is free) and what it
+ * holds. One slot per committer. */
+struct pg_running {
+	int64_t started_us;
+	pg_req **req;
+	size_t n;
+};
+
 struct pg_group {
+	pg_driver *d;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;      /* idle committers wait on it */
+	pthread_cond_t cv;      /* idle committers wait on it (monotonic) */
 	pg_req *head, *tail;
 	int inflight;
 	int max_inflight;
+	int max_extra;          /* more batches beside stalled ones */
 	size_t max_batch;
 	size_t deferred;        /* deferred requests not yet answered */
 	int idle;               /* committers waiting on cv */
 	int stop;
 	pthread_t *threads;
+	struct pg_running *running;     /* n_threads slots */
 	int n_threads;
 };
 
@@ -106,11 +135,16 @@ pg_group_new(pg_driver *d)
 {
 	struct pg_group *g = calloc(1, sizeof(*g));
 	const char *env = getenv("HISTD_PG_BATCH_MAX");
+	pthread_condattr_t ca;
+	int n_threads;
 
 	if (!g)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	pthread_mutex_init(&g->mu, NULL);
-	pthread_cond_init(&g->cv, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&g->cv, &ca);
+	pthread_condattr_destroy(&ca);
 	g->max_batch = PG_BATCH_MAX;
 	/* Measurement knobs (README, "PostgreSQL"): 1 turns batching off. */
 	if (env && atoi(env) >= 1 && atoi(env) <= 1024)
@@ -123,15 +157,23 @@ pg_group_new(pg_driver *d)
 	env = getenv("HISTD_PG_BATCH_INFLIGHT");
 	if (env && atoi(env) >= 1 && atoi(env) <= d->pool_size)
 		g->max_inflight = atoi(env);
+	g->max_extra = d->pool_size - g->max_inflight - 1;
+	if (g->max_extra > PG_STALL_EXTRA)
+		g->max_extra = PG_STALL_EXTRA;
+	if (g->max_extra < 0)
+		g->max_extra = 0;
+	g->d = d;
 	d->group = g;
 	/* One committer more than batches in flight: while one answers its
 	 * batch's callers, another starts the next batch. */
-	g->threads = calloc((size_t)g->max_inflight + 1, sizeof(*g->threads));
-	if (!g->threads) {
+	n_threads = g->max_inflight + g->max_extra + 1;
+	g->threads = calloc((size_t)n_threads, sizeof(*g->threads));
+	g->running = calloc((size_t)n_threads, sizeof(*g->running));
+	if (!g->threads || !g->running) {
 		pg_group_free(d);
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	}
-	for (int i = 0; i <= g->max_inflight; i++) {
+	for (int i = 0; i < n_threads; i++) {
 		int err = pthread_create(&g->threads[i], NULL, committer_main, d);
 
 		if (err) {
@@ -161,6 +203,7 @@ pg_group_free(pg_driver *d)
 	for (int i = 0; i < g->n_threads; i++)
 		pthread_join(g->threads[i], NULL);
 	free(g->threads);
+	free(g->running);
 	pthread_cond_destroy(&g->cv);
 	pthread_mutex_destroy(&g->mu);
 	free(g);
@@ -1565,17 +1608,62 @@ run_one(pg_driver *d, pg_req *rq)
 /* ---------------------------------------------------------------------- */
 /* The queue                                                               */
 
+/* The hash of a request's session, for held(). */
+static uint64_t
+session_key(const histd_append *a)
+{
+	uint64_t h = 1469598103934665603ull;
+	const char *parts[2] = { a->tenant ? a->tenant : "", a->session_id };
+
+	for (int i = 0; i < 2; i++) {
+		for (const unsigned char *p = (const unsigned char *)parts[i]; *p; p++)
+			h = (h ^ *p) * 1099511628211ull;
+		h = (h ^ 0xff) * 1099511628211ull;
+	}
+	return h;
+}
+
+/* Whether a running batch holds rq's session (g->mu held). */
+static int
+held(const struct pg_group *g, const pg_req *rq)
+{
+	const histd_append *a = rq->a;
+
+	for (int i = 0; i < g->n_threads; i++) {
+		const struct pg_running *run = &g->running[i];
+
+		for (size_t k = 0; k < run->n; k++) {
+			const histd_append *b = run->req[k]->a;
+
+			if (run->req[k]->key == rq->key &&
+			    !strcmp(a->session_id, b->session_id) &&
+			    !strcmp(a->tenant ? a->tenant : "",
+				    b->tenant ? b->tenant : ""))
+				return 1;
+		}
+	}
+	return 0;
+}
+
 /* Takes the next batch off the queue (g->mu held): what is queued, up to
- * max_batch requests and PG_BATCH_BYTES of messages; a replace alone. */
+ * max_batch requests and PG_BATCH_BYTES of messages; a replace alone.
+ * With skip_held, requests of sessions a running batch holds stay queued,
+ * in their order. */
 static size_t
-take(struct pg_group *g, pg_req **batch, size_t max)
+take(struct pg_group *g, pg_req **batch, size_t max, int skip_held)
 {
 	size_t n = 0, bytes = 0;
+	pg_req **link = &g->head, *kept = NULL;
 
-	while (g->head && n < max) {
-		pg_req *h = g->head;
+	while (*link && n < max) {
+		pg_req *h = *link;
 		size_t sz = 0;
 
+		if (skip_held && held(g, h)) {
+			kept = h;
+			link = &h->next;
+			continue;
+		}
 		if (n && (h->replace || batch[0]->replace))
 			break;
 		for (size_t i = 0; i < h->a->n_msgs; i++)
@@ -1583,12 +1671,85 @@ take(struct pg_group *g, pg_req **batch, size_t max)
 		if (n && bytes + sz > PG_BATCH_BYTES)
 			break;
 		bytes += sz;
-		g->head = h->next;
-		if (!g->head)
-			g->tail = NULL;
+		*link = h->next;
+		if (g->tail == h)
+			g->tail = kept;
 		h->next = NULL;
 		batch[n++] = h;
 	}
+	return n;
+}
+
+/*
+ * Whether another batch may start beside max_inflight or more in flight
+ * (g->mu held): when every one of them has run PG_STALL_US and (if
+ * `probe`) the listener's probe was answered since the youngest began, up
+ * to max_extra more. Else *wake_us (if given) says when to look again, or
+ * stays 0 if no more may start in any case.
+ */
+static int
+stalled(const struct pg_group *g, int64_t now, int64_t *wake_us, int probe)
+{
+	int64_t youngest = 0;
+
+	if (g->inflight < g->max_inflight ||
+	    g->inflight >= g->max_inflight + g->max_extra)
+		return 0;
+	for (int i = 0; i < g->n_threads; i++)
+		if (g->running[i].started_us > youngest)
+			youngest = g->running[i].started_us;
+	if (now - youngest < PG_STALL_US) {
+		if (wake_us)
+			*wake_us = youngest + PG_STALL_US;
+		return 0;
+	}
+	/* Only while the server itself answers: its probe was answered
+	 * since the youngest began. A hung server would keep another batch
+	 * waiting too, on its statement or on a connect. */
+	if (probe && atomic_load(&g->d->probed_us) <= youngest) {
+		if (wake_us)
+			*wake_us = now + PG_STALL_US;
+		return 0;
+	}
+	return 1;
+}
+
+/*
+ * The next batch a committer may start (g->mu held), registered in a free
+ * slot of g->running: everything queued while fewer than max_inflight
+ * batches run. While those in flight are stalled, the requests of
+ * sessions no running batch holds, so one session whose row is locked
+ * elsewhere does not hold back the others. 0 if none may start now;
+ * *wake_us then says when that changes without a signal (0: only on a
+ * signal).
+ */
+static size_t
+next_batch(struct pg_group *g, pg_req **batch, int64_t *wake_us)
+{
+	int64_t now;
+	size_t n = 0;
+	struct pg_running *run = g->running;
+
+	*wake_us = 0;
+	if (!g->head && !g->inflight)
+		return 0;
+	now = histd_mono_us();
+	if (g->head && g->inflight < g->max_inflight)
+		n = take(g, batch, g->max_batch, 0);
+	else if (g->head && stalled(g, now, wake_us, 1))
+		n = take(g, batch, g->max_batch, 1);
+	if (!n) {
+		/* A request queued while the batches in flight were young
+		 * woke nobody (enqueue): while any runs, look again now and
+		 * then, in case it stalls. */
+		if (!*wake_us && g->inflight)
+			*wake_us = now + PG_STALL_US;
+		return 0;
+	}
+	while (run->started_us)         /* a slot per committer: one is free */
+		run++;
+	*run = (struct pg_running){ now, batch, n };
+	g->inflight++;
 	return n;
 }
 
@@ -1596,12 +1757,15 @@ take(struct pg_group *g, pg_req **batch, size_t max)
 static void
 enqueue(struct pg_group *g, pg_req *rq)
 {
+	rq->key = session_key(rq->a);
 	if (g->tail)
 		g->tail->next = rq;
 	else
 		g->head = rq;
 	g->tail = rq;
-	if (g->idle && g->inflight < g->max_inflight)
+	/* Stalled, the woken committer waits for the probe itself. */
+	if (g->idle && (g->inflight < g->max_inflight ||
+			(stalled(g, histd_mono_us(), NULL, 0) && !held(g, rq))))
 		pthread_cond_signal(&g->cv);
 }
 
@@ -1621,12 +1785,28 @@ answer(pg_req *rq)
 	free(rq);
 }
 
+/* Waits on g->cv (g->mu held) until signalled or, if wake_us, until then. */
+static void
+idle_wait(struct pg_group *g, int64_t wake_us)
+{
+	g->idle++;
+	if (wake_us) {
+		struct timespec ts = { (time_t)(wake_us / 1000000),
+				       (long)(wake_us % 1000000) * 1000 };
+
+		pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+	} else {
+		pthread_cond_wait(&g->cv, &g->mu);
+	}
+	g->idle--;
+}
+
 /*
- * A committer thread: runs the next batch whenever fewer than max_inflight
- * run, then settles it. A waiting caller is woken on its own condition
- * variable; a deferred request is answered here, after the batch is off
- * the books, so another committer can start the next batch meanwhile.
- * At stop, what is queued still runs.
+ * A committer thread: runs the next batch whenever one may start
+ * (next_batch), then settles it. A waiting caller is woken on its own
+ * condition variable; a deferred request is answered here, after the
+ * batch is off the books, so another committer can start the next batch
+ * meanwhile. At stop, what is queued still runs.
  */
 static void *
 committer_main(void *arg)
@@ -1638,20 +1818,20 @@ committer_main(void *arg)
 	pthread_mutex_lock(&g->mu);
 	for (;;) {
 		size_t n, n_later = 0;
+		int64_t wake_us;
 
-		while (!g->head || g->inflight >= g->max_inflight) {
+		while (!(n = next_batch(g, batch, &wake_us))) {
 			if (g->stop && !g->head)
 				goto out;
-			g->idle++;
-			pthread_cond_wait(&g->cv, &g->mu);
-			g->idle--;
+			idle_wait(g, wake_us);
 		}
-		n = take(g, batch, g->max_batch);
-		g->inflight++;
 		pthread_mutex_unlock(&g->mu);
 		run_batch(d, batch, n, 1);
 		pthread_mutex_lock(&g->mu);
 		g->inflight--;
+		for (int i = 0; i < g->n_threads; i++)
+			if (g->running[i].req == batch)
+				g->running[i] = (struct pg_running){ 0 };
 		for (size_t i = 0; i < n; i++) {
 			if (batch[i]->on_result) {
 				later[n_later++] = batch[i];

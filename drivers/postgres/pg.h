@@ -127,6 +127,9 @@ typedef struct pg_driver {
 	/* 1 while PostgreSQL answers (the listener decides), for ping and to
 	 * fail fast during an outage instead of waiting on connects. */
 	atomic_int db_up;
+	/* histd_mono_us() when the listener's probe was last answered: the
+	 * server itself answers, whatever a batch may be waiting on. */
+	atomic_llong probed_us;
 
 	struct pg_group *group;      /* append.c */
 	struct pg_watch *watch;      /* watch.c */

@@ -1348,6 +1348,7 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 	pthread_cond_init(&d->pool_cv, NULL);
 	atomic_init(&d->gen, 1);
 	atomic_init(&d->db_up, 1);
+	atomic_init(&d->probed_us, 0);
 	d->pool_size = cfg->pool_size ? cfg->pool_size : PG_POOL_DEFAULT;
 	d->timeout_ms = cfg->timeout_ms;
 	d->dsn = strdup(cfg->dsn);

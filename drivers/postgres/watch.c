@@ -1182,6 +1182,7 @@ listener(void *arg)
 				continue;
 			}
 			/* Answering: up again if a call's timeout said down. */
+			atomic_store(&d->probed_us, histd_mono_us());
 			atomic_store(&d->db_up, 1);
 			/* Notices that arrived during the probe are parsed
 			 * before the next wait. */
