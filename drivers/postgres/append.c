@@ -122,6 +122,7 @@ struct pg_group {
 	size_t max_batch;
 	size_t deferred;        /* deferred requests not yet answered */
 	int idle;               /* committers waiting on cv */
+	int watching;           /* of which with a timeout (next_batch) */
 	int stop;
 	pthread_t *threads;
 	struct pg_running *running;     /* n_threads slots */
@@ -1740,8 +1741,8 @@ next_batch(struct pg_group *g, pg_req **batch, int64_t *wake_us)
 		n = take(g, batch, g->max_batch, 1);
 	if (!n) {
 		/* A request queued while the batches in flight were young
-		 * woke nobody (enqueue): while any runs, look again now and
-		 * then, in case it stalls. */
+		 * woke nobody but a watcher (enqueue): while any runs, look
+		 * again now and then, in case it stalls. */
 		if (!*wake_us && g->inflight)
 			*wake_us = now + PG_STALL_US;
 		return 0;
@@ -1763,8 +1764,12 @@ enqueue(struct pg_group *g, pg_req *rq)
 	else
 		g->head = rq;
 	g->tail = rq;
-	/* Stalled, the woken committer waits for the probe itself. */
+	/* Stalled, the woken committer waits for the probe itself. With
+	 * batches in flight and no idle committer watching them (all went
+	 * idle on an empty queue), one is woken to watch: rq may have to
+	 * pass a batch that stalls later. */
 	if (g->idle && (g->inflight < g->max_inflight ||
+			(g->inflight && !g->watching) ||
 			(stalled(g, histd_mono_us(), NULL, 0) && !held(g, rq))))
 		pthread_cond_signal(&g->cv);
 }
@@ -1794,7 +1799,9 @@ idle_wait(struct pg_group *g, int64_t wake_us)
 		struct timespec ts = { (time_t)(wake_us / 1000000),
 				       (long)(wake_us % 1000000) * 1000 };
 
+		g->watching++;
 		pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+		g->watching--;
 	} else {
 		pthread_cond_wait(&g->cv, &g->mu);
 	}

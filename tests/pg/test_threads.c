@@ -3,8 +3,8 @@
  * --threads 2, eight Appends to a session whose row an outside transaction
  * holds FOR UPDATE wait in the driver, and meanwhile Health, GetSession and
  * GetMessages of another session are answered. Appends to that other
- * session are not queued behind the stalled batch: they are committed and
- * answered while it waits. Once the lock goes, every waiting Append is
+ * session are not queued behind the stalled batch, whether sent as soon
+ * as it waits or later: they are committed and answered while it waits. Once the lock goes, every waiting Append is
  * answered OK and stored, in the order of its answers.
  *
  * On a driver that blocks a server thread per Append, the two threads wait
@@ -148,6 +148,16 @@ health_and_reads_are_answered_while_appends_wait_on_a_lock(void **state)
 	while (lock_waits() < 1 && t_now_ms() < give_up)
 		usleep(20000);
 	assert_true(lock_waits() >= 1);
+	/* An append to another session at once, while the stuck batch is
+	 * young: a committer must still notice the stall later. */
+	{
+		Histd__V1__AppendResponse *ar = NULL;
+
+		assert_int_equal(t_append_texts(c, "free", 1, "early", 0, &ar),
+				 GRPC_STATUS_OK);
+		assert_int_equal(ar->first_seq, 4);
+		histd_client_message_free(&ar->base);
+	}
 	usleep(200000);         /* the other appends reach histd */
 
 	/* Both server threads are free: these are answered. */
@@ -163,10 +173,10 @@ health_and_reads_are_answered_while_appends_wait_on_a_lock(void **state)
 	histd_client_message_free(&hresp->base);
 	histd_status_reset(&st);
 	s = t_get_session(c, "free");
-	assert_int_equal(s->stats->message_count, 3);
+	assert_int_equal(s->stats->message_count, 4);
 	histd_client_message_free(&s->base);
 	got = t_get_raw(c, "free", 0, 0);
-	assert_int_equal(got->n_messages, 3);
+	assert_int_equal(got->n_messages, 4);
 	histd_client_message_free(&got->base);
 
 	/* Appends to another session are not held back by the stalled
@@ -178,11 +188,11 @@ health_and_reads_are_answered_while_appends_wait_on_a_lock(void **state)
 
 		assert_int_equal(t_append_texts(c, "free", 1, "beside", 0, &ar),
 				 GRPC_STATUS_OK);
-		assert_int_equal(ar->first_seq, 4 + i);
+		assert_int_equal(ar->first_seq, 5 + i);
 		histd_client_message_free(&ar->base);
 	}
 	got = t_get_raw(c, "free", 3, 0);
-	assert_int_equal(got->n_messages, 3);
+	assert_int_equal(got->n_messages, 4);
 	histd_client_message_free(&got->base);
 
 	/* ... while every append to the locked session still waits. */
