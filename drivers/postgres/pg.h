@@ -176,9 +176,10 @@ void pg_release(pg_driver *d, pg_conn *c);
 /* The connection broke: tell the listener, which probes the server. */
 void pg_lost(pg_driver *d);
 /* If pg is the connection pg_result last gave up on: takes PostgreSQL as
- * down (calls fail at once, health NOT_SERVING, pooled connections made
- * anew) until the listener's probe is answered, and returns 1. pg_error
- * does it; a caller that reports the failure itself calls it. */
+ * down (with d: calls fail at once, health NOT_SERVING, pooled
+ * connections made anew) until the listener's probe is answered, and
+ * returns 1. pg_error does it; a caller that reports the failure itself
+ * calls it. */
 int pg_timed_out(pg_driver *d, const PGconn *pg);
 /* A write committed and answered, but its notice (the statement after
  * the COMMIT) was not: drops c's connection (pg_timed_out) and has the

@@ -71,7 +71,8 @@ pg_timed_out(pg_driver *d, const PGconn *pg)
 		return 0;
 	timed_out = NULL;
 	reported_timeout = 1;
-	pg_unresponsive(d);
+	if (d)
+		pg_unresponsive(d);
 	return 1;
 }
 
@@ -84,11 +85,7 @@ pg_error(pg_driver *d, PGconn *pg, const PGresult *r, int *retry)
 
 	if (retry)
 		*retry = 0;
-	if (pg && pg == timed_out) {
-		if (d)
-			pg_timed_out(d, pg);
-		timed_out = NULL;
-		reported_timeout = 1;
+	if (pg_timed_out(d, pg)) {
 		if (timed_out_ms <= 0)
 			return histd_error_set(HISTD_EUNAVAILABLE,
 					       "PostgreSQL did not answer in time");
