@@ -12,8 +12,8 @@
  *
  * A batch that has run PG_STALL_US (waiting on a row lock held elsewhere,
  * say) does not hold back the sessions it does not contain: while every
- * batch in flight is that old and the server itself still answers (the
- * listener's probe), another may start, with the queued requests of the
+ * batch in flight is that old and the server itself still answers (a
+ * probe by the listener, asked for then), another may start, with the queued requests of the
  * sessions no running batch holds (next_batch). Those of the held
  * sessions stay queued in their order.
  *
@@ -99,6 +99,9 @@ typedef struct pg_req {
  * with the requests of sessions no running batch holds. A batch's round
  * trip is about a millisecond under load. */
 #define PG_STALL_US 100000
+/* How often a committer looks for the probe it asked for (pg_watch_probe)
+ * to be answered. */
+#define PG_PROBE_POLL_US 5000
 /* Batches beyond max_inflight while those in flight are stalled, at most;
  * fewer if the pool is small (one connection stays for the reads). */
 #define PG_STALL_EXTRA 4
@@ -1646,6 +1649,17 @@ held(const struct pg_group *g, const pg_req *rq)
 	return 0;
 }
 
+/* Whether a queued request's session is held by no running batch (g->mu
+ * held). */
+static int
+any_free(const struct pg_group *g)
+{
+	for (const pg_req *rq = g->head; rq; rq = rq->next)
+		if (!held(g, rq))
+			return 1;
+	return 0;
+}
+
 /* Takes the next batch off the queue (g->mu held): what is queued, up to
  * max_batch requests and PG_BATCH_BYTES of messages; a replace alone.
  * With skip_held, requests of sessions a running batch holds stay queued,
@@ -1706,10 +1720,15 @@ stalled(const struct pg_group *g, int64_t now, int64_t *wake_us, int probe)
 	}
 	/* Only while the server itself answers: its probe was answered
 	 * since the youngest began. A hung server would keep another batch
-	 * waiting too, on its statement or on a connect. */
+	 * waiting too, on its statement or on a connect. If a queued
+	 * request could run, the listener probes now, not at its tick. */
 	if (probe && atomic_load(&g->d->probed_us) <= youngest) {
+		int asked = any_free(g);
+
+		if (asked)
+			pg_watch_probe(g->d);
 		if (wake_us)
-			*wake_us = now + PG_STALL_US;
+			*wake_us = now + (asked ? PG_PROBE_POLL_US : PG_STALL_US);
 		return 0;
 	}
 	return 1;

@@ -418,6 +418,11 @@ void pg_watch_seen(pg_driver *d, int64_t sid, const char *tenant,
  * listener re-reads every tracked session that moved. */
 void pg_watch_sweep(pg_driver *d);
 
+/* Asks the listener to probe the server now rather than at its next
+ * tick: a committer whose batches stalled waits for an answered probe
+ * (probed_us) before it starts another batch. */
+void pg_watch_probe(pg_driver *d);
+
 /* Wakes the listener (the connection pool saw the server go away). */
 void pg_watch_kick(pg_driver *d);
 

@@ -122,6 +122,7 @@ struct pg_watch {
 	size_t q_n, q_cap;
 	atomic_int pending_entries;
 	atomic_int sweep_wanted;
+	atomic_int probe_wanted;
 	PGconn *pg;
 	/* A result of the listener's own (prepared) statements. */
 	pg_conn conn;
@@ -533,6 +534,13 @@ pg_watch_sweep(pg_driver *d)
 {
 	atomic_store(&d->watch->sweep_wanted, 1);
 	kick(d->watch);
+}
+
+void
+pg_watch_probe(pg_driver *d)
+{
+	if (d->watch && !atomic_exchange(&d->watch->probe_wanted, 1))
+		kick(d->watch);
 }
 
 void
@@ -1126,7 +1134,7 @@ listener(void *arg)
 
 	while (!atomic_load(&w->stop)) {
 		int64_t now;
-		int rq;
+		int rq, tick;
 
 		if (!w->pg) {
 			/* Only a failed connect says the server is down: a lost
@@ -1175,8 +1183,12 @@ listener(void *arg)
 		}
 		failed = rq != 0;
 		now = histd_mono_us();
-		if (now - last_tick >= TICK_MS * INT64_C(1000)) {
+		tick = now - last_tick >= TICK_MS * INT64_C(1000);
+		if (tick)
 			last_tick = now;
+		/* Once a second, or at once for a committer whose batches
+		 * stalled (pg_watch_probe). */
+		if (tick || atomic_exchange(&w->probe_wanted, 0)) {
 			if (!probe(d, w)) {
 				lost(w, &was_connected);
 				continue;
@@ -1184,6 +1196,8 @@ listener(void *arg)
 			/* Answering: up again if a call's timeout said down. */
 			atomic_store(&d->probed_us, histd_mono_us());
 			atomic_store(&d->db_up, 1);
+		}
+		if (tick) {
 			/* Notices that arrived during the probe are parsed
 			 * before the next wait. */
 			housekeeping(w);
