@@ -12,6 +12,7 @@
  */
 #include "driver.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -945,6 +946,14 @@ histd_session_free(histd_session *s)
 	histd_kv_free(s->labels, s->n_labels);
 	free(s->config);
 	free(s);
+}
+
+uint64_t
+histd_incarnation_next(void)
+{
+	static atomic_uint_fast64_t last;
+
+	return (uint64_t)atomic_fetch_add(&last, 1) + 1;
 }
 
 histd_session *

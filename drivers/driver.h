@@ -109,6 +109,15 @@ typedef struct histd_session {
 	uint64_t bytes_total;   /* sum of stored record lengths */
 	uint64_t first_seq;     /* oldest stored seq; 0 when none */
 	uint64_t summary_count;
+	/*
+	 * Which life of the id this is: differs between a session and one
+	 * created again under its id after a delete, and stays the same
+	 * through every change in between. Opaque; stable while the driver
+	 * is open (not necessarily across a restart). 0: the driver does not
+	 * tell. Subscribe keeps a stream to the life it read, so that an
+	 * earlier life's late changes never reach it.
+	 */
+	uint64_t incarnation;
 } histd_session;
 
 /* A stored message or summary. `data` points at `len` bytes: a packed
@@ -337,6 +346,9 @@ typedef struct histd_change {
 	/* CLEARED by truncate: the system messages at or below cleared_to_seq
 	 * are still stored (everything else up to it is gone). 0 for clear. */
 	int system_kept;
+	/* The session's histd_session.incarnation (the life the change was
+	 * made to); 0: not known. */
+	uint64_t incarnation;
 } histd_change;
 
 /*
@@ -745,6 +757,10 @@ void histd_driver_close(histd_driver *d);
 void histd_session_free(histd_session *s);
 /* Deep copy; NULL if out of memory. */
 histd_session *histd_session_dup(const histd_session *s);
+/* A fresh histd_session.incarnation for a driver that numbers its
+ * sessions' lives in memory: never 0, never the same twice in the
+ * process. */
+uint64_t histd_incarnation_next(void);
 void histd_session_list_free(histd_session_list *l);
 /* Frees every name and the array; the struct is left empty. */
 void histd_tenant_list_free(histd_tenant_list *l);

@@ -587,6 +587,8 @@ struct histd_sub {
 	int replay_asked;             /* ops.more called, not answered */
 	histd_event *in_flight;
 	uint64_t snapshot_rev;
+	uint64_t incarnation;         /* the snapshot's session life; 0:
+	                               * unknown, or not started */
 	uint64_t delivered_seq;       /* highest last_seq sent ok, or the
 	                               * after_seq it started from */
 	uint64_t sent_rev;            /* highest revision handed to send */
@@ -966,12 +968,24 @@ sub_live_reserve(histd_sub *s)
 	return 0;
 }
 
+/* Whether ev was a change to another life of the session than the one s
+ * follows (s->lock held). */
+static int
+other_life(const histd_sub *s, const histd_event *ev)
+{
+	return s->incarnation && ev->incarnation &&
+	       ev->incarnation != s->incarnation;
+}
+
 static void
 sub_live(histd_sub *s, histd_event *ev)
 {
 	char msg[128];
 
-	if (s->ended || s->deleted_queued)
+	/* Before the start, a deleted event may be another life's (its
+	 * notice late): the start sorts them out. */
+	if (s->ended || (s->started && s->deleted_queued) ||
+	    other_life(s, ev))
 		return;
 	/* The snapshot already holds it (the dispatcher may run late). A
 	 * plugin error is no change: a snapshot never holds it. */
@@ -1167,8 +1181,9 @@ fifo_push(histd_hub *h, struct hub_session *hs, histd_event *ev,
  * that) and read the rest from storage. */
 static void
 end_for_ticket(struct hub_session *hs, uint64_t ticket, const char *msg,
-	       uint64_t cleared_to_seq)
+	       uint64_t cleared_to_seq, uint64_t incarnation)
 {
+	histd_event life = { .incarnation = incarnation };
 	histd_sub *s;
 
 	pthread_mutex_lock(&hs->lock);
@@ -1176,7 +1191,8 @@ end_for_ticket(struct hub_session *hs, uint64_t ticket, const char *msg,
 		if (s->since >= ticket)
 			continue;
 		pthread_mutex_lock(&s->lock);
-		sub_end(s, HISTD_ELIMIT, msg, cleared_to_seq);
+		if (!other_life(s, &life))
+			sub_end(s, HISTD_ELIMIT, msg, cleared_to_seq);
 		pthread_mutex_unlock(&s->lock);
 	}
 	pthread_mutex_unlock(&hs->lock);
@@ -1261,18 +1277,20 @@ histd_hub_notify(void *hub, const histd_change *c)
 	if (change_lacks_records(c)) {
 		end_for_ticket(hs, ticket, "a change arrived without its "
 			       "messages; resubscribe to read them",
-			       change_cleared_to(c));
+			       change_cleared_to(c), c->incarnation);
 		hs_unref(hs);
 		return;
 	}
 	ev = change_is_split(h, c) ? event_split(h, c) :
 				     histd_event_from_change(c);
+	for (histd_event *part = ev; part; part = part->next_part)
+		part->incarnation = c->incarnation;
 	if (!ev)
 		err = "out of memory building a subscriber event; resubscribe "
 		      "to read it";
 	else if (!(err = fifo_push(h, hs, ev, ticket)))
 		return;
-	end_for_ticket(hs, ticket, err, change_cleared_to(c));
+	end_for_ticket(hs, ticket, err, change_cleared_to(c), c->incarnation);
 	histd_event_unref(ev);
 	hs_unref(hs);
 }
@@ -1533,7 +1551,7 @@ void
 histd_hub_start(histd_sub *s, histd_event **replay, size_t n,
 		uint64_t snapshot_revision)
 {
-	histd_hub_start_replay(s, replay, n, snapshot_revision, 0);
+	histd_hub_start_replay(s, replay, n, snapshot_revision, 0, 0);
 }
 
 /* With s->lock: takes over n replay events as those to send next (the
@@ -1582,7 +1600,8 @@ histd_hub_replay_more(histd_sub *s, histd_event **replay, size_t n, int more)
 
 void
 histd_hub_start_replay(histd_sub *s, histd_event **replay, size_t n,
-		       uint64_t snapshot_revision, int more)
+		       uint64_t snapshot_revision, uint64_t incarnation,
+		       int more)
 {
 	size_t i, kept;
 
@@ -1596,19 +1615,22 @@ histd_hub_start_replay(histd_sub *s, histd_event **replay, size_t n,
 	}
 	s->started = 1;
 	s->snapshot_rev = snapshot_revision;
+	s->incarnation = incarnation;
 	/* The stream stands at the snapshot even if the replay is empty: a
 	 * plugin error reported below it goes out at it. */
 	if (snapshot_revision > s->sent_rev)
 		s->sent_rev = snapshot_revision;
 
-	/* Live events the snapshot already holds go. */
+	/* Live events the snapshot already holds go, and so do changes to
+	 * another life of the session and whatever follows a deletion. */
 	kept = 0;
 	s->deleted_queued = 0;
 	for (i = 0; i < s->live_n; i++) {
 		histd_event *ev = live_at(s, i);
 
-		if (ev->revision <= snapshot_revision &&
-		    (int)ev->kind != HISTD_EVENT_PLUGIN_ERROR) {
+		if ((ev->revision <= snapshot_revision &&
+		     (int)ev->kind != HISTD_EVENT_PLUGIN_ERROR) ||
+		    other_life(s, ev) || s->deleted_queued) {
 			histd_event_unref(ev);
 			continue;
 		}

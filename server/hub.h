@@ -45,6 +45,9 @@ typedef struct histd_event {
 	 * event holds a reference on it. Subscribers queue, and the hub's
 	 * limits count, the first one only. */
 	struct histd_event *next_part;
+	/* The life of the session its change was made to
+	 * (histd_change.incarnation); 0: unknown, or no change. */
+	uint64_t incarnation;
 	size_t len;
 	uint8_t data[];           /* the packed HistoryEvent */
 } histd_event;
@@ -153,9 +156,13 @@ void histd_hub_start(histd_sub *s, histd_event **replay, size_t n,
 
 /* histd_hub_start for a replay read in parts, so that a subscriber holds
  * one part at a time, not a whole session: with `more` set, ops->more is
- * called once these events are sent. */
+ * called once these events are sent. `incarnation` is the life of the
+ * session the snapshot read (histd_session.incarnation; 0: unknown):
+ * changes made to another life (one deleted before the snapshot, whose
+ * notices came late) are dropped, not sent. */
 void histd_hub_start_replay(histd_sub *s, histd_event **replay, size_t n,
-			    uint64_t snapshot_revision, int more);
+			    uint64_t snapshot_revision, uint64_t incarnation,
+			    int more);
 
 /* The transport, answering ops->more: the next replay events (references
  * taken over, as by histd_hub_start), and whether more is to come (0: the

@@ -49,6 +49,7 @@ struct histd_replay {
 	uint64_t to_seq;        /* the snapshot's last seq: later ones are live */
 	uint64_t revision;      /* the snapshot's */
 	int64_t created_us;     /* of the session the snapshot read */
+	uint64_t incarnation;   /* its life (histd_session.incarnation) */
 	int have_created;       /* the driver gave the session record */
 };
 
@@ -315,6 +316,7 @@ replay_new(struct histd_call *c, const histd_read *q,
 	r->revision = res->revision;
 	r->have_created = res->session != NULL;
 	r->created_us = res->session ? res->session->created_at_us : 0;
+	r->incarnation = res->session ? res->session->incarnation : 0;
 	pthread_mutex_lock(&c->mu);
 	c->replay = r;
 	pthread_mutex_unlock(&c->mu);
@@ -346,7 +348,8 @@ replay_next(struct histd_call *c, struct histd_replay *r,
 	rc = histd_driver_read(histd_service_driver(c->srv->svc), &q, &res);
 	if (rc == HISTD_ENOTFOUND ||
 	    (rc == 0 && r->have_created &&
-	     (!res.session || res.session->created_at_us != r->created_us))) {
+	     (!res.session || res.session->created_at_us != r->created_us ||
+	      res.session->incarnation != r->incarnation))) {
 		histd_read_result_clear(&res);
 		return 0;
 	}
@@ -415,7 +418,7 @@ histd_subscribe_begin(struct histd_call *c)
 	histd_read_result res = { 0 };
 	histd_event **replay = NULL;
 	size_t n_replay = 0;
-	uint64_t snapshot_revision = 0;
+	uint64_t snapshot_revision = 0, incarnation = 0;
 	histd_caller who;
 	grpc_op op;
 	grpc_slice bytes;
@@ -499,6 +502,7 @@ histd_subscribe_begin(struct histd_call *c)
 		more = rc == 0;
 	}
 	snapshot_revision = res.revision;
+	incarnation = res.session ? res.session->incarnation : 0;
 	if (rc == 0)
 		rc = histd_event_replay(req->session_id, res.revision,
 					&res.records,
@@ -524,7 +528,8 @@ histd_subscribe_begin(struct histd_call *c)
 	c->hub_calling++;
 	pthread_mutex_unlock(&c->mu);
 	histd__v1__subscribe_request__free_unpacked(req, NULL);
-	histd_hub_start_replay(sub, replay, n_replay, snapshot_revision, more);
+	histd_hub_start_replay(sub, replay, n_replay, snapshot_revision,
+			       incarnation, more);
 	free(replay);
 	pthread_mutex_lock(&c->mu);
 	c->hub_calling--;

@@ -168,6 +168,7 @@ note_new(hf_driver *d, enum histd_change_kind kind, const hf_session *s,
 	nt->kind = kind;
 	nt->revision = revision;
 	nt->cleared_to_seq = s->cleared_to_seq;
+	nt->incarnation = s->incarnation;
 	nt->tenant = strdup(s->tenant->name);
 	nt->id = strdup(s->id);
 	if (k && (nt->recs = malloc(k * sizeof(*nt->recs)))) {

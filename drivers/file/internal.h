@@ -196,6 +196,7 @@ typedef struct hf_session {
 	 * of the record fields (0: to compute). */
 	uint64_t tool_bytes, idem_bytes, meta_bytes;
 	uint64_t lsn;           /* the last record that changed it */
+	uint64_t incarnation;   /* histd_session's, numbered when made */
 	uint64_t live;          /* its estimated size in a snapshot */
 	histd_vecs vecs;        /* embeddings, seq order (search.c) */
 	uint64_t vec_bytes;     /* their frames in a snapshot, at most */
@@ -416,6 +417,7 @@ typedef struct hf_note {
 	histd_record *recs;
 	size_t n;
 	histd_session *session;
+	uint64_t incarnation;
 } hf_note;
 
 int hf_wal_start(hf_wal **out, hf_driver *d, int fd, uint64_t gen,

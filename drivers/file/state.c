@@ -96,6 +96,7 @@ hf_session_new(const histd_session *in)
 	s->created_at_us = s->updated_at_us = in->created_at_us;
 	s->active_at_us = in->created_at_us;
 	s->revision = 1;
+	s->incarnation = histd_incarnation_next();
 	return s;
 fail:
 	hf_session_destroy(NULL, s);
@@ -362,6 +363,7 @@ hf_session_export(const hf_session *s)
 	o->created_at_us = s->created_at_us;
 	o->updated_at_us = s->updated_at_us;
 	o->active_at_us = s->active_at_us;
+	o->incarnation = s->incarnation;
 	o->revision = s->revision;
 	o->last_seq = s->last_seq;
 	o->cleared_to_seq = s->cleared_to_seq;

@@ -149,6 +149,7 @@ deliver(hf_wal *w, const hf_buf *b, hf_note *notes, size_t n)
 			.records = nt->recs,
 			.n_records = nt->n,
 			.session = nt->session,
+			.incarnation = nt->incarnation,
 		};
 		if (d->notify)
 			d->notify(d->notify_ctx, &c);

@@ -271,6 +271,7 @@ typedef struct mem_session {
 	uint8_t *canon;                 /* context keys, canonical; NULL if none */
 	size_t canon_len;
 	uint64_t prio;                  /* treap priority */
+	uint64_t incarnation;           /* histd_session's */
 
 	/* Treap links; under the driver's lock. */
 	struct mem_session *left, *right;
@@ -540,6 +541,7 @@ session_new(mem_driver *m, const histd_session *in)
 	s->created_at_us = s->updated_at_us = in->created_at_us;
 	s->active_at_us = in->created_at_us;
 	s->revision = 1;
+	s->incarnation = histd_incarnation_next();
 	return s;
 fail:
 	session_destroy(s);
@@ -571,6 +573,7 @@ session_export(const mem_session *s, const char *tenant)
 	o->created_at_us = s->created_at_us;
 	o->updated_at_us = s->updated_at_us;
 	o->active_at_us = s->active_at_us;
+	o->incarnation = s->incarnation;
 	o->revision = s->revision;
 	o->last_seq = s->last_seq;
 	o->cleared_to_seq = s->cleared_to_seq;
@@ -669,6 +672,7 @@ notify(mem_driver *m, const mem_session *s, const char *tenant,
 		.records = records,
 		.n_records = n,
 		.session = rec,
+		.incarnation = s->incarnation,
 	};
 
 	index_change(s, kind);
@@ -1997,6 +2001,7 @@ mem_truncate(histd_driver *d, const char *tenant, const char *id,
 			.revision = s->revision,
 			.cleared_to_seq = up_to_seq,
 			.system_kept = 1,
+			.incarnation = s->incarnation,
 		};
 
 		m->notify(m->notify_ctx, &c);

@@ -166,6 +166,8 @@ pg_row_session(const PGresult *r, int row, int col, histd_session **out,
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	if (sid)
 		*sid = pg_r_i64(r, row, col);
+	/* A session created again under its id gets another sid. */
+	s->incarnation = (uint64_t)pg_r_i64(r, row, col);
 	s->tenant = strdup(pg_r_str(r, row, col + 1, NULL));
 	s->id = strdup(pg_r_str(r, row, col + 2, NULL));
 	if (!s->tenant || !s->id) {

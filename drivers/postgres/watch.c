@@ -337,8 +337,14 @@ kick(struct pg_watch *w)
 static void
 deliver(struct pg_watch *w, wentry *e, const histd_change *c, uint64_t last_seq)
 {
-	if (w->fn)
-		w->fn(w->ctx, c);
+	if (w->fn) {
+		histd_change life = *c;
+
+		/* The sid: a session created again under its id gets
+		 * another (pg_row_session). */
+		life.incarnation = (uint64_t)e->sid;
+		w->fn(w->ctx, &life);
+	}
 	e->last_rev = c->revision;
 	if (last_seq > e->last_seq)
 		e->last_seq = last_seq;
@@ -442,8 +448,11 @@ pg_watch_local(pg_driver *d, int64_t sid, const histd_change *c,
 		e = create(s, sid, c->tenant, c->session_id);
 		if (!e) {
 			/* No memory to order it: deliver it as it is. */
+			histd_change life = *c;
+
+			life.incarnation = (uint64_t)sid;
 			if (w->fn)
-				w->fn(w->ctx, c);
+				w->fn(w->ctx, &life);
 			pthread_mutex_unlock(&s->mu);
 			return;
 		}

@@ -108,6 +108,7 @@ typedef struct change_copy {
 	int has_records;            /* records were not NULL */
 	histd_records records;
 	histd_session *session;     /* NULL if none was given */
+	uint64_t incarnation;
 } change_copy;
 
 typedef struct change_log {
@@ -133,6 +134,7 @@ static void change_log_hook(void *ctx, const histd_change *c)
 	cc.revision = c->revision;
 	cc.cleared_to_seq = c->cleared_to_seq;
 	cc.system_kept = c->system_kept;
+	cc.incarnation = c->incarnation;
 	if (c->records) {
 		cc.has_records = 1;
 		for (i = 0; i < c->n_records; i++)
@@ -1809,6 +1811,67 @@ static void session_delete_removes_the_session_and_everything_in_it(void **state
 
 	histd_record_free(sum);
 	tmsgs_free(m, 3);
+}
+
+/* A session deleted and created again under its id is another life: its
+ * incarnation differs, stays the same through every change of one life,
+ * and every change notice names the life it was made to (Subscribe drops
+ * an earlier life's late notices by it). */
+static void session_created_again_is_another_life(void **state)
+{
+	ctest *t = *state;
+	const enum histd_change_kind kinds[] = {
+		HISTD_CHANGE_APPENDED, HISTD_CHANGE_CLEARED,
+		HISTD_CHANGE_DELETED, HISTD_CHANGE_APPENDED,
+	};
+	histd_read q = { .tenant = TA, .session_id = "s1", .want_session = 1 };
+	histd_read_result rr;
+	histd_session *s;
+	const change_copy **c;
+	uint64_t first, second, cur = 0;
+	size_t n;
+	tmsg m, more;
+
+	tmsg_text(&m, USER, "the first life");
+	tmsg_text(&more, USER, "the second life");
+	create_ok(t, TA, "s1");
+	s = get_ok(t, TA, "s1");
+	first = s->incarnation;
+	histd_session_free(s);
+	if (first == 0)
+		fail_msg("a session's incarnation is 0");
+	append_ok(t, TA, "s1", &m, 1, 1);
+	clear_ok(t, TA, "s1", 3, 1);
+	s = get_ok(t, TA, "s1");
+	expect_eq(s->incarnation, first, "incarnation after append and clear");
+	histd_session_free(s);
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	assert_non_null(rr.session);
+	expect_eq(rr.session->incarnation, first, "incarnation of a read");
+	histd_read_result_clear(&rr);
+
+	expect_ok(histd_driver_session_delete(t->d, TA, "s1", 0, &cur));
+	create_ok(t, TA, "s1");
+	s = get_ok(t, TA, "s1");
+	second = s->incarnation;
+	histd_session_free(s);
+	if (second == 0 || second == first)
+		fail_msg("the session created again has incarnation %llu, "
+			 "the first life had %llu",
+			 (unsigned long long)second, (unsigned long long)first);
+	append_ok(t, TA, "s1", &more, 1, 1);
+
+	n = changes_wait(t, TA, "s1", N_OF(kinds), 0, &c);
+	expect_eq(n, N_OF(kinds), "changes of s1");
+	for (size_t i = 0; i < n; i++) {
+		expect_eq(c[i]->kind, kinds[i], "change kind");
+		expect_eq(c[i]->incarnation, i < 3 ? first : second,
+			  "incarnation of the change");
+	}
+	free(c);
+	tmsg_free(&m);
+	tmsg_free(&more);
 }
 
 static void session_recreated_after_delete_starts_again_at_seq_1(void **state)
@@ -5068,6 +5131,7 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 
 		T(session_delete_removes_the_session_and_everything_in_it),
 		T(session_recreated_after_delete_starts_again_at_seq_1),
+		T(session_created_again_is_another_life),
 		T(session_delete_with_stale_expected_revision_is_conflict),
 
 		T(session_fork_copies_messages_up_to_seq_with_their_seqs),

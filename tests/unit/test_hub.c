@@ -156,16 +156,17 @@ records_of(histd_record *v, size_t n)
 	return r;
 }
 
-/* Notifies an append of n messages first_seq.. at revision rev. */
+/* Notifies an append of n messages first_seq.. at revision rev, made to
+ * the session's life `life` (histd_change.incarnation; 0: unknown). */
 static void
-notify_append(histd_hub *h, const char *sid, uint64_t rev, uint64_t first_seq,
-	      size_t n)
+notify_append_life(histd_hub *h, const char *sid, uint64_t rev,
+		   uint64_t first_seq, size_t n, uint64_t life)
 {
 	histd_record *v = make_msgs(first_seq, n);
 	histd_change c = {
 		.kind = HISTD_CHANGE_APPENDED, .tenant = TENANT,
 		.session_id = sid, .revision = rev, .records = v,
-		.n_records = n,
+		.n_records = n, .incarnation = life,
 	};
 
 	histd_hub_notify(h, &c);
@@ -173,15 +174,30 @@ notify_append(histd_hub *h, const char *sid, uint64_t rev, uint64_t first_seq,
 }
 
 static void
-notify_kind(histd_hub *h, const char *sid, enum histd_change_kind kind,
-	    uint64_t rev, uint64_t cleared_to_seq)
+notify_append(histd_hub *h, const char *sid, uint64_t rev, uint64_t first_seq,
+	      size_t n)
+{
+	notify_append_life(h, sid, rev, first_seq, n, 0);
+}
+
+static void
+notify_kind_life(histd_hub *h, const char *sid, enum histd_change_kind kind,
+		 uint64_t rev, uint64_t cleared_to_seq, uint64_t life)
 {
 	histd_change c = {
 		.kind = kind, .tenant = TENANT, .session_id = sid,
 		.revision = rev, .cleared_to_seq = cleared_to_seq,
+		.incarnation = life,
 	};
 
 	histd_hub_notify(h, &c);
+}
+
+static void
+notify_kind(histd_hub *h, const char *sid, enum histd_change_kind kind,
+	    uint64_t rev, uint64_t cleared_to_seq)
+{
+	notify_kind_life(h, sid, kind, rev, cleared_to_seq, 0);
 }
 
 static Histd__V1__HistoryEvent *
@@ -1015,6 +1031,63 @@ replay_then_live_without_gap_or_duplicate(void **state)
 	histd_hub_free(h);
 }
 
+/* Subscribed while the session's first life was deleted and a second
+ * created under its id: the first life's notices, late (an append, its
+ * deletion, one more after the start), must not reach a stream whose
+ * snapshot read the second life; the second life's changes past the
+ * snapshot all do, and the stream stays open. */
+static void
+changes_to_an_earlier_life_of_the_session_are_not_sent(void **state)
+{
+	histd_hub *h = hub_new(16, 0, 0);
+	struct fake *f = fake_new(FAKE_MANUAL);
+	histd_record *v = make_msgs(1, 1);
+	histd_records r = records_of(v, 1);
+	histd_event **replay;
+	size_t n_replay, i;
+
+	(void)state;
+	assert_int_equal(subscribe(h, "s1", f), 0);
+	notify_append_life(h, "s1", 8, 5, 1, 1);
+	notify_append_life(h, "s1", 2, 1, 1, 2);
+	notify_kind_life(h, "s1", HISTD_CHANGE_DELETED, 9, 0, 1);
+	notify_append_life(h, "s1", 3, 2, 1, 2);
+	hub_sync(h);
+
+	/* The snapshot read life 2 at revision 2: seq 1. */
+	assert_int_equal(histd_event_replay("s1", 2, &r, 0, 0, 10, 0, &replay,
+					    &n_replay), 0);
+	assert_int_equal(n_replay, 1);
+	histd_hub_start_replay(f->sub, replay, n_replay, 2, 2, 0);
+	free(replay);
+	notify_append_life(h, "s1", 10, 6, 1, 1);
+	notify_append_life(h, "s1", 4, 3, 1, 2);
+
+	/* Seq 1 (the replay), 2 and 3 of life 2, nothing else. */
+	for (i = 0; i < 3; i++) {
+		Histd__V1__HistoryEvent *e;
+
+		assert_int_equal(fake_wait_sent(f, i + 1), i + 1);
+		e = decode(f->evs[i]);
+		assert_int_equal(e->event_case,
+				 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+		assert_int_equal(e->revision, 2 + i);
+		assert_int_equal(e->appended->n_messages, 1);
+		assert_msg(e->appended->messages[0], 1 + i);
+		histd__v1__history_event__free_unpacked(e, NULL);
+		assert_int_equal(fake_complete(f, 1), 0);
+	}
+	hub_sync(h);
+	assert_int_equal(fake_count(f), 3);
+	assert_int_equal(f->fin_calls, 0);
+	assert_contract_kept(f);
+
+	fake_close(f);
+	fake_free(f);
+	free_msgs(v, 1);
+	histd_hub_free(h);
+}
+
 static void
 live_events_arrive_in_revision_order(void **state)
 {
@@ -1173,7 +1246,7 @@ replay_in_parts_holds_live_events_until_the_last_part(void **state)
 	assert_int_equal(subscribe(h, "s1", f), 0);
 	assert_int_equal(histd_event_replay("s1", 5, &p1, 0, 0, 64, 0, &replay,
 					    &n_replay), 0);
-	histd_hub_start_replay(f->sub, replay, n_replay, 5, 1);
+	histd_hub_start_replay(f->sub, replay, n_replay, 5, 0, 1);
 	free(replay);
 	notify_append(h, "s1", 6, 5, 1);
 
@@ -2263,6 +2336,7 @@ main(void)
 		cmocka_unit_test(queue_overflow_before_start_ends_the_subscriber),
 		cmocka_unit_test(one_send_in_flight_with_completions_from_another_thread),
 		cmocka_unit_test(deleted_ends_streams_with_ok_after_the_event_is_sent),
+		cmocka_unit_test(changes_to_an_earlier_life_of_the_session_are_not_sent),
 		cmocka_unit_test(plugin_error_older_than_what_was_sent_keeps_revision_order),
 		cmocka_unit_test(plugin_error_below_an_empty_replay_goes_out_at_the_snapshot),
 		cmocka_unit_test(big_live_change_is_split_at_its_revision),
