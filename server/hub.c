@@ -211,6 +211,7 @@ event_build(const char *session_id, uint64_t revision,
 	ev->last_seq = last_seq;
 	ev->cleared_to_seq = 0;
 	ev->next_part = NULL;
+	ev->incarnation = 0;    /* histd_hub_notify sets a change's */
 	ev->len = total;
 
 	p = ev->data;
@@ -264,6 +265,7 @@ event_build_raw(const char *session_id, uint64_t revision,
 	ev->last_seq = 0;
 	ev->cleared_to_seq = 0;
 	ev->next_part = NULL;
+	ev->incarnation = 0;    /* a plugin error is no change */
 	ev->len = total;
 	p = ev->data;
 	if (sid_len) {
@@ -883,6 +885,7 @@ event_restamped(const histd_event *ev, uint64_t revision)
 		out->last_seq = ev->last_seq;
 		out->cleared_to_seq = ev->cleared_to_seq;
 		out->next_part = NULL;
+		out->incarnation = ev->incarnation;
 		out->len = histd__v1__history_event__pack(e, out->data);
 	}
 	histd__v1__history_event__free_unpacked(e, NULL);

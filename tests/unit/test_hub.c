@@ -1035,7 +1035,7 @@ replay_then_live_without_gap_or_duplicate(void **state)
  * created under its id: the first life's notices, late (an append, its
  * deletion, one more after the start), must not reach a stream whose
  * snapshot read the second life; the second life's changes past the
- * snapshot all do, and the stream stays open. */
+ * snapshot all do, and so do plugin errors; the stream stays open. */
 static void
 changes_to_an_earlier_life_of_the_session_are_not_sent(void **state)
 {
@@ -1077,8 +1077,14 @@ changes_to_an_earlier_life_of_the_session_are_not_sent(void **state)
 		histd__v1__history_event__free_unpacked(e, NULL);
 		assert_int_equal(fake_complete(f, 1), 0);
 	}
+	/* A plugin error belongs to no life: it is sent. */
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 4, "compaction",
+				       "provider down", 1);
+	assert_int_equal(fake_wait_sent(f, 4), 4);
+	assert_int_equal((int)f->evs[3]->kind, HISTD_EVENT_PLUGIN_ERROR);
+	assert_int_equal(fake_complete(f, 1), 0);
 	hub_sync(h);
-	assert_int_equal(fake_count(f), 3);
+	assert_int_equal(fake_count(f), 4);
 	assert_int_equal(f->fin_calls, 0);
 	assert_contract_kept(f);
 
