@@ -428,13 +428,16 @@ run_job(histd_embedder *e, job *j, char **emb_out, int *none)
 	embed_target t = { 0 };
 	char **texts = NULL;
 	uint64_t *seqs = NULL, after, last = 0;
-	int rc;
+	int rc, has;
 
 	if ((rc = histd_driver_session_get(e->d, j->tenant, j->id, &s)))
 		return rc == HISTD_ENOTFOUND ? 0 : rc;
-	if (!histd_search_session_embedding(s->config, s->config_len, &cfg,
-					    &prov, &model) ||
-	    !(t.client = client_of(e, prov))) {
+	if ((has = histd_search_session_embedding(s->config, s->config_len,
+						  &cfg, &prov, &model)) < 0) {
+		rc = has;
+		goto out;
+	}
+	if (!has || !(t.client = client_of(e, prov))) {
 		/* No embeddings for this session, or a provider without a
 		 * key: searched lexically. */
 		*none = 1;
@@ -617,12 +620,16 @@ histd_embedder_notify(void *arg, const histd_change *c)
 		Histd__V1__SessionConfig *cfg = NULL;
 		const char *prov = "", *model = "";
 		char *emb = NULL;
+		int has;
 
 		if (!c->session)
 			return;
-		if (histd_search_session_embedding(c->session->config,
-						   c->session->config_len, &cfg,
-						   &prov, &model)) {
+		/* A config that cannot be read now (memory) leaves emb NULL:
+		 * the mark goes, and the next search or append decides. */
+		has = histd_search_session_embedding(c->session->config,
+						     c->session->config_len,
+						     &cfg, &prov, &model);
+		if (has > 0) {
 			const char *m = *model ? model
 					       : histd_embeddings_default_model(prov);
 

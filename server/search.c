@@ -42,6 +42,46 @@ check_deadline(int64_t deadline_us)
 	return 0;
 }
 
+/* A protobuf-c allocator over `inner` (NULL: malloc and free) that notes a
+ * failed allocation: unpack answers NULL both for bytes that do not decode
+ * and when memory runs out, and only the first is ECORRUPT. */
+typedef struct noting {
+	ProtobufCAllocator *inner;
+	int oom;
+} noting;
+
+static void *
+noting_alloc(void *data, size_t size)
+{
+	noting *n = data;
+	void *p = n->inner ? n->inner->alloc(n->inner->allocator_data, size)
+			   : malloc(size);
+
+	if (!p)
+		n->oom = 1;
+	return p;
+}
+
+static void
+noting_free(void *data, void *p)
+{
+	noting *n = data;
+
+	if (n->inner)
+		n->inner->free(n->inner->allocator_data, p);
+	else
+		free(p);
+}
+
+/* The error of an unpack through n that answered NULL. */
+static int
+unpack_failed(const noting *n, const char *what)
+{
+	if (n->oom)
+		return enomem();
+	return histd_error_set(HISTD_ECORRUPT, "%s does not decode", what);
+}
+
 int
 histd_search_session_embedding(const uint8_t *config, size_t len,
 			       Histd__V1__SessionConfig **cfg,
@@ -49,10 +89,17 @@ histd_search_session_embedding(const uint8_t *config, size_t len,
 {
 	const histd_search_embedder *e = atomic_load(&embedder);
 	Histd__V1__SessionConfig *c = NULL;
+	noting n = { NULL, 0 };
+	ProtobufCAllocator a = { noting_alloc, noting_free, &n };
 
 	*cfg = NULL;
-	if (config && len)
-		c = histd__v1__session_config__unpack(NULL, len, config);
+	if (config && len) {
+		/* malloc underneath: the caller frees it with the default
+		 * allocator. */
+		c = histd__v1__session_config__unpack(&a, len, config);
+		if (!c)
+			return unpack_failed(&n, "the session's stored config");
+	}
 	*cfg = c;
 	if (c && c->embeddings) {
 		*provider = c->embeddings->provider;
@@ -235,6 +282,8 @@ scope_add(scope *s, const histd_session *x)
 	/* 0 may still set prov: to "", for a session that opts out. */
 	has = histd_search_session_embedding(x->config, x->config_len, &cfg,
 					     &prov, &model);
+	if (has < 0)
+		return has;
 	if (has) {
 		e.provider = strdup(prov);
 		e.model = strdup(model);
@@ -401,6 +450,8 @@ respond(const plan *p, const histd_search_query *q, Histd__V1__SearchMode mode,
 	Histd__V1__Message **msgs = NULL;
 	fused *f = NULL;
 	size_t n = 0;
+	noting na = { alloc, 0 };
+	ProtobufCAllocator a = { noting_alloc, noting_free, &na };
 	int rc;
 
 	if ((rc = fuse(p->rk, p->n_rk, q->k, &f, &n)))
@@ -414,11 +465,10 @@ respond(const plan *p, const histd_search_query *q, Histd__V1__SearchMode mode,
 		Histd__V1__SearchHit init = HISTD__V1__SEARCH_HIT__INIT;
 
 		/* Unpacked into the call's arena, freed with the call. */
-		msgs[i] = histd__v1__message__unpack(alloc, f[i].rec->len,
+		msgs[i] = histd__v1__message__unpack(&a, f[i].rec->len,
 						     f[i].rec->data);
 		if (!msgs[i]) {
-			rc = histd_error_set(HISTD_ECORRUPT,
-					     "a stored message does not decode");
+			rc = unpack_failed(&na, "a stored message");
 			goto out;
 		}
 		hv[i] = init;

@@ -78,8 +78,9 @@ int histd_search_rpc(histd_driver *d, const char *tenant,
 /* The effective embedding (provider, model) of a packed SessionConfig
  * (NULL config: none), with the embedder's default when it names none:
  * 1 and the two strings set (borrowed from *cfg or the embedder), or 0
- * for no embeddings. *cfg is unpacked with the default allocator and
- * freed with histd__v1__session_config__free_unpacked by the caller. */
+ * for no embeddings; ENOMEM, or ECORRUPT for bytes that do not decode
+ * (*cfg NULL), never taken for "no embeddings". *cfg is freed with
+ * histd__v1__session_config__free_unpacked(cfg, NULL) by the caller. */
 int histd_search_session_embedding(const uint8_t *config, size_t len,
 				   Histd__V1__SessionConfig **cfg,
 				   const char **provider, const char **model);

@@ -13,7 +13,7 @@
  * a sentinel session and waits for its event (hub_sync).
  *
  * Outside sanitizer builds malloc is wrapped to count (and fail) the
- * allocations of the test's thread.
+ * allocations of the test's thread (alloc_hook.h).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -32,61 +32,10 @@
 #include "histd/v1/histd.pb-c.h"
 #include "histd_error.h"
 #include "histd_wire.h"
+#include "alloc_hook.h"
 #include "hub.h"
 
 #define TENANT "t1"
-
-/* ---------------------------------------------------------------------- */
-/* Counting (and failing) this thread's allocations                        */
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define HAVE_ALLOC_HOOK 0
-#else
-#define HAVE_ALLOC_HOOK 1
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void __libc_free(void *);
-
-static __thread int alloc_counting;
-static __thread size_t alloc_count;
-static __thread long alloc_fail_in = -1; /* fail when it reaches 0 */
-
-static int
-alloc_fails(void)
-{
-	if (!alloc_counting)
-		return 0;
-	alloc_count++;
-	if (alloc_fail_in < 0)
-		return 0;
-	return alloc_fail_in-- == 0;
-}
-
-void *
-malloc(size_t n)
-{
-	return alloc_fails() ? NULL : __libc_malloc(n);
-}
-
-void *
-calloc(size_t a, size_t b)
-{
-	return alloc_fails() ? NULL : __libc_calloc(a, b);
-}
-
-void *
-realloc(void *p, size_t n)
-{
-	return alloc_fails() ? NULL : __libc_realloc(p, n);
-}
-
-void
-free(void *p)
-{
-	__libc_free(p);
-}
-#endif
 
 /* ---------------------------------------------------------------------- */
 /* Records and changes                                                     */
@@ -1995,28 +1944,24 @@ notify_without_subscribers_allocates_nothing(void **state)
 	int i;
 
 	(void)state;
-#if HAVE_ALLOC_HOOK
+#if ALLOC_HOOK
 	/* Nobody subscribes anywhere, then only to another session. */
-	alloc_count = 0;
-	alloc_counting = 1;
+	alloc_hook_start(-1);
 	for (i = 0; i < 100; i++)
 		histd_hub_notify(h, &c);
-	alloc_counting = 0;
-	assert_int_equal(alloc_count, 0);
+	assert_int_equal(alloc_hook_stop(), 0);
 	assert_int_equal(subscribe(h, "other", g), 0);
-	alloc_counting = 1;
+	alloc_hook_start(-1);
 	for (i = 0; i < 100; i++)
 		histd_hub_notify(h, &c);
-	alloc_counting = 0;
-	assert_int_equal(alloc_count, 0);
+	assert_int_equal(alloc_hook_stop(), 0);
 
 	/* The counter does see the packing for a session with subscribers. */
 	assert_int_equal(subscribe(h, "probe", p), 0);
 	c.session_id = "probe";
-	alloc_counting = 1;
+	alloc_hook_start(-1);
 	histd_hub_notify(h, &c);
-	alloc_counting = 0;
-	assert_true(alloc_count > 0);
+	assert_true(alloc_hook_stop() > 0);
 	c.session_id = "nobody";
 	fake_close(p);
 #else
@@ -2045,7 +1990,7 @@ notify_without_subscribers_allocates_nothing(void **state)
 static void
 notify_out_of_memory_ends_subscribers_with_resume_seq(void **state)
 {
-#if HAVE_ALLOC_HOOK
+#if ALLOC_HOOK
 	histd_hub *h = hub_new(16, 0, 0);
 	struct fake *f = fake_new(FAKE_MANUAL);
 	histd_record *v = make_msgs(9, 1);
@@ -2061,11 +2006,9 @@ notify_out_of_memory_ends_subscribers_with_resume_seq(void **state)
 	assert_int_equal(fake_wait_sent(f, 1), 1);
 	assert_int_equal(fake_complete(f, 1), 0);
 
-	alloc_fail_in = 0;
-	alloc_counting = 1;
+	alloc_hook_start(0);
 	histd_hub_notify(h, &c);
-	alloc_counting = 0;
-	alloc_fail_in = -1;
+	alloc_hook_stop();
 	assert_int_equal(f->fin_calls, 1);
 	assert_int_equal(f->fin_err, HISTD_ELIMIT);
 	assert_int_equal(f->resume, 5);
@@ -2083,7 +2026,7 @@ notify_out_of_memory_ends_subscribers_with_resume_seq(void **state)
 static void
 event_builders_fail_cleanly_out_of_memory(void **state)
 {
-#if HAVE_ALLOC_HOOK
+#if ALLOC_HOOK
 	histd_record *v = make_msgs(1, 7);
 	histd_records r = records_of(v, 7);
 	histd_kv labels[1] = { { "a", "b" } };
@@ -2099,11 +2042,9 @@ event_builders_fail_cleanly_out_of_memory(void **state)
 
 	(void)state;
 	for (k = 0;; k++) {
-		alloc_fail_in = k;
-		alloc_counting = 1;
+		alloc_hook_start(k);
 		rc = histd_event_replay("s1", 3, &r, 0, 0, 2, 0, &evs, &n);
-		alloc_counting = 0;
-		alloc_fail_in = -1;
+		alloc_hook_stop();
 		if (rc == 0)
 			break;
 		assert_int_equal(rc, HISTD_ENOMEM);
@@ -2114,11 +2055,9 @@ event_builders_fail_cleanly_out_of_memory(void **state)
 	free(evs);
 
 	for (k = 0;; k++) {
-		alloc_fail_in = k;
-		alloc_counting = 1;
+		alloc_hook_start(k);
 		ev = histd_event_from_change(&c);
-		alloc_counting = 0;
-		alloc_fail_in = -1;
+		alloc_hook_stop();
 		if (ev)
 			break;
 	}

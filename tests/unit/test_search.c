@@ -1,0 +1,316 @@
+/*
+ * Search (server/search.c) when memory runs out.
+ *
+ * One tenant of three sessions on the memory driver: two with embeddings
+ * of two models (two groups, one query vector each) and one without,
+ * searched by its words instead. Semantic and hybrid searches of the whole
+ * tenant are made with each allocation of the call, in turn, failing (the
+ * test's thread only, alloc_hook.h); lexical searches too. Each such call
+ * must answer ENOMEM, never another error, and free everything it
+ * allocated; the call without a failure answers as before the failures.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "alloc_hook.h"
+#include "driver.h"
+#include "histd/v1/histd.pb-c.h"
+#include "histd_error.h"
+#include "search.h"
+#include "service.h"
+#include "svc_calls.h"
+
+#define TENANT "t1"
+#define DIM 4
+
+static const histd_caller who = { TENANT, 0 };
+static histd_driver *drv;
+static histd_service *svc;
+
+/* ---------------------------------------------------------------------- */
+/* The query's embedding, and the call's arena                             */
+
+static int
+fake_embed(void *ctx, const char *provider, const char *model,
+	   const char *text, int64_t deadline_us, float **v, uint32_t *dim,
+	   const char **model_out)
+{
+	float *x = malloc(DIM * sizeof(*x));
+
+	(void)ctx;
+	(void)provider;
+	(void)text;
+	(void)deadline_us;
+	if (!x)
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	for (int i = 0; i < DIM; i++)
+		x[i] = i == 0 ? 1.0f : 0.25f;
+	*v = x;
+	*dim = DIM;
+	*model_out = model;
+	return 0;
+}
+
+static const histd_search_embedder embedder = {
+	.embed = fake_embed, .default_provider = "", .default_model = "",
+};
+
+/* The call's arena, as the transport gives one: freed after the call. */
+struct arena {
+	void *v[4096];
+	size_t n;
+};
+
+static void *
+arena_alloc(void *data, size_t size)
+{
+	struct arena *a = data;
+	void *p;
+
+	if (a->n == sizeof(a->v) / sizeof(a->v[0]) || !(p = malloc(size)))
+		return NULL;
+	a->v[a->n++] = p;
+	return p;
+}
+
+static void
+arena_free(void *data, void *p)
+{
+	(void)data;
+	(void)p;                /* all at once, after the call */
+}
+
+static void
+arena_clear(struct arena *a)
+{
+	for (size_t i = 0; i < a->n; i++)
+		free(a->v[i]);
+	a->n = 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The sessions                                                            */
+
+/* Creates id, with embeddings of provider/model unless provider is NULL. */
+static void
+create(const char *id, const char *provider, const char *model)
+{
+	Histd__V1__CreateSessionRequest r =
+		HISTD__V1__CREATE_SESSION_REQUEST__INIT;
+	Histd__V1__SessionConfig c = HISTD__V1__SESSION_CONFIG__INIT;
+	Histd__V1__EmbeddingConfig e = HISTD__V1__EMBEDDING_CONFIG__INIT;
+
+	r.session_id = (char *)id;
+	if (provider) {
+		e.provider = (char *)provider;
+		e.model = (char *)model;
+		c.embeddings = &e;
+		r.config = &c;
+	}
+	assert_int_equal(ut_call(HISTD_M_CREATE_SESSION, &r.base, NULL, NULL),
+			 0);
+}
+
+/* Appends user messages texts[0..n) to id, and (with model) gives each the
+ * vector (1, w, w, w), w its index / n: all near the query's. */
+static void
+fill(const char *id, const char *const *texts, size_t n, const char *model)
+{
+	Histd__V1__AppendRequest r = HISTD__V1__APPEND_REQUEST__INIT;
+	Histd__V1__Message m[8], *mp[8];
+	Histd__V1__ContentBlock b[8], *bp[8];
+	Histd__V1__TextBlock t[8];
+	Histd__V1__AppendResponse *resp = NULL;
+
+	assert_true(n <= 8);
+	for (size_t i = 0; i < n; i++) {
+		histd__v1__message__init(&m[i]);
+		histd__v1__content_block__init(&b[i]);
+		histd__v1__text_block__init(&t[i]);
+		t[i].text = (char *)texts[i];
+		b[i].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+		b[i].text = &t[i];
+		bp[i] = &b[i];
+		m[i].role = HISTD__V1__ROLE__ROLE_USER;
+		m[i].n_content = 1;
+		m[i].content = &bp[i];
+		mp[i] = &m[i];
+	}
+	r.session_id = (char *)id;
+	r.n_messages = n;
+	r.messages = mp;
+	assert_int_equal(ut_call(HISTD_M_APPEND, &r.base,
+				 &histd__v1__append_response__descriptor,
+				 (void **)&resp), 0);
+	for (size_t i = 0; model && i < n; i++) {
+		float v[DIM] = { 1.0f };
+
+		for (int k = 1; k < DIM; k++)
+			v[k] = (float)i / (float)n;
+		assert_int_equal(histd_driver_embedding_put(drv, TENANT, id,
+							    resp->first_seq + i,
+							    model, v, DIM), 0);
+	}
+	ut_free_msg(resp);
+}
+
+static int
+setup(void **state)
+{
+	static const char *const a[] = { "the deploy failed on friday",
+					 "roll back the deploy",
+					 "the cache is warm again" };
+	static const char *const b[] = { "a deploy of the search index",
+					 "the index is rebuilt" };
+	static const char *const c[] = { "no embeddings here: deploy words",
+					 "only lexical search" };
+	histd_driver_config dc = { 0 };
+	histd_service_config cfg;
+
+	(void)state;
+	assert_int_equal(histd_driver_open("memory", &dc, &drv), 0);
+	histd_service_config_default(&cfg);
+	assert_int_equal(histd_service_new(&svc, drv, &cfg), 0);
+	ut_use(svc, &who);
+	histd_search_set_embedder(&embedder);
+	create("a", "openai", "m1");
+	create("b", "gemini", "m2");
+	create("c", NULL, NULL);
+	fill("a", a, 3, "m1");
+	fill("b", b, 2, "m2");
+	fill("c", c, 2, NULL);
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	histd_search_set_embedder(NULL);
+	histd_service_free(svc);
+	histd_driver_close(drv);
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Tests                                                                   */
+
+/* One search of the tenant in mode; rc, and the answer in *out. */
+static int
+search(Histd__V1__SearchMode mode, struct arena *a, uint8_t **out,
+       size_t *out_len)
+{
+	Histd__V1__SearchRequest r = HISTD__V1__SEARCH_REQUEST__INIT;
+	ProtobufCAllocator alloc = { arena_alloc, arena_free, a };
+
+	r.query = "deploy";
+	r.k = 5;
+	r.mode = mode;
+	*out = NULL;
+	*out_len = 0;
+	histd_error_clear();
+	return histd_search_rpc(drv, TENANT, &r, 0, &alloc, out, out_len);
+}
+
+static void
+fails_cleanly_at_every_allocation(Histd__V1__SearchMode mode)
+{
+	struct arena a = { .n = 0 };
+	uint8_t *want, *got;
+	size_t want_len, got_len;
+	Histd__V1__SearchResponse *resp;
+	long k;
+	int rc;
+
+	/* The answer, and the semantic and fallback rankings in it. */
+	assert_int_equal(search(mode, &a, &want, &want_len), 0);
+	arena_clear(&a);
+	resp = histd__v1__search_response__unpack(NULL, want_len, want);
+	assert_non_null(resp);
+	if (mode == HISTD__V1__SEARCH_MODE__SEARCH_MODE_LEXICAL) {
+		assert_int_equal(resp->n_lexical_fallback_sessions, 0);
+	} else {
+		assert_int_equal(resp->n_lexical_fallback_sessions, 1);
+		assert_string_equal(resp->lexical_fallback_sessions[0], "c");
+	}
+	assert_true(resp->n_hits >= 4);     /* "deploy" is in 4 messages */
+	histd__v1__search_response__free_unpacked(resp, NULL);
+
+	for (k = 0;; k++) {
+		alloc_hook_start(k);
+		rc = search(mode, &a, &got, &got_len);
+		arena_clear(&a);
+		free(got);
+		if (!alloc_hook_failed()) {
+			alloc_hook_stop();
+			break;
+		}
+		if (rc != HISTD_ENOMEM)
+			fail_msg("allocation %ld failed: %s (%s), not ENOMEM",
+				 k, histd_error_name(rc), histd_error_message());
+		if (alloc_hook_live() != 0)
+			fail_msg("allocation %ld failed: %ld blocks left "
+				 "allocated", k, alloc_hook_live());
+		alloc_hook_stop();
+	}
+	/* It did allocate, so the loop tried something. */
+	assert_true(k > 10);
+
+	assert_int_equal(search(mode, &a, &got, &got_len), 0);
+	arena_clear(&a);
+	assert_int_equal(got_len, want_len);
+	/* Equal but for the hits' scores and messages, which do not move:
+	 * the same bytes. */
+	assert_memory_equal(got, want, want_len);
+	free(got);
+	free(want);
+}
+
+static void
+semantic_search_fails_cleanly_out_of_memory(void **state)
+{
+	(void)state;
+	if (!ALLOC_HOOK)
+		skip();
+	fails_cleanly_at_every_allocation(HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC);
+}
+
+static void
+lexical_search_fails_cleanly_out_of_memory(void **state)
+{
+	(void)state;
+	if (!ALLOC_HOOK)
+		skip();
+	fails_cleanly_at_every_allocation(HISTD__V1__SEARCH_MODE__SEARCH_MODE_LEXICAL);
+}
+
+static void
+hybrid_search_fails_cleanly_out_of_memory(void **state)
+{
+	(void)state;
+	if (!ALLOC_HOOK)
+		skip();
+	fails_cleanly_at_every_allocation(HISTD__V1__SEARCH_MODE__SEARCH_MODE_HYBRID);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(semantic_search_fails_cleanly_out_of_memory,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(lexical_search_fails_cleanly_out_of_memory,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(hybrid_search_fails_cleanly_out_of_memory,
+						setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
