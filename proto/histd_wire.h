@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <protobuf-c/protobuf-c.h>
+
 /* Longest varint (a uint64). */
 #define HISTD_WIRE_VARINT_MAX 10
 
@@ -41,5 +43,17 @@ int64_t histd_now_us(void);
 
 /* Microseconds of CLOCK_MONOTONIC, for intervals. */
 int64_t histd_mono_us(void);
+
+/*
+ * Unpacks stored bytes as a message of d into *out, through alloc (NULL:
+ * malloc and free, as protobuf-c's default). protobuf-c answers NULL both
+ * for bytes that do not decode and when memory runs out; this tells them
+ * apart: 0, ENOMEM, or ECORRUPT "<what> does not decode" (what: a printf
+ * format and its arguments).
+ */
+int histd_unpack_stored(const ProtobufCMessageDescriptor *d,
+			ProtobufCAllocator *alloc, const uint8_t *data,
+			size_t len, void *out, const char *what, ...)
+	__attribute__((format(printf, 6, 7)));
 
 #endif

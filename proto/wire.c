@@ -1,8 +1,12 @@
 #include "histd_wire.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "histd_error.h"
 
 size_t
 histd_wire_put_varint(uint8_t *out, uint64_t v)
@@ -77,4 +81,55 @@ histd_mono_us(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* The allocator of histd_unpack_stored: `inner`'s, noting a failure. */
+struct noting {
+	ProtobufCAllocator *inner;
+	int oom;
+};
+
+static void *
+noting_alloc(void *data, size_t size)
+{
+	struct noting *n = data;
+	void *p = n->inner ? n->inner->alloc(n->inner->allocator_data, size)
+			   : malloc(size);
+
+	if (!p)
+		n->oom = 1;
+	return p;
+}
+
+static void
+noting_free(void *data, void *p)
+{
+	struct noting *n = data;
+
+	if (n->inner)
+		n->inner->free(n->inner->allocator_data, p);
+	else
+		free(p);
+}
+
+int
+histd_unpack_stored(const ProtobufCMessageDescriptor *d,
+		    ProtobufCAllocator *alloc, const uint8_t *data,
+		    size_t len, void *out, const char *what, ...)
+{
+	struct noting n = { alloc, 0 };
+	ProtobufCAllocator a = { noting_alloc, noting_free, &n };
+	ProtobufCMessage *m = protobuf_c_message_unpack(d, &a, len, data);
+	char name[160];
+	va_list ap;
+
+	*(ProtobufCMessage **)out = m;
+	if (m)
+		return 0;
+	if (n.oom)
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	va_start(ap, what);
+	vsnprintf(name, sizeof(name), what, ap);
+	va_end(ap);
+	return histd_error_set(HISTD_ECORRUPT, "%s does not decode", name);
 }

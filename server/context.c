@@ -267,15 +267,6 @@ sess_free(struct sess *s)
 /* ---------------------------------------------------------------------- */
 /* Small helpers                                                           */
 
-static Histd__V1__SessionConfig *
-config_of(const histd_session *s)
-{
-	if (!s->config_len)
-		return NULL;
-	return histd__v1__session_config__unpack(NULL, s->config_len,
-						 s->config);
-}
-
 /*
  * The session's pipeline: its config's, or the default. *out is borrowed
  * (the default, or a cached one) when *owned is 0; else the caller frees
@@ -304,9 +295,10 @@ session_pipeline(histd_context *x, const histd_session *s,
 		*out = e->p;
 		return 0;
 	}
-	if (!(c = config_of(s)))
-		return histd_error_set(HISTD_ECORRUPT,
-			"the stored config of the session does not decode");
+	if ((rc = histd_unpack_stored(&histd__v1__session_config__descriptor,
+				      NULL, s->config, s->config_len, &c,
+				      "the stored config of the session")))
+		return rc;
 	if (!c->pipeline) {
 		histd__v1__session_config__free_unpacked(c, NULL);
 		*out = x->def;
@@ -332,10 +324,13 @@ session_pipeline(histd_context *x, const histd_session *s,
 	return 0;
 }
 
-static Histd__V1__Summary *
-summary_unpack(const histd_record *rec)
+/* The stored summary rec, unpacked into *out: 0, ENOMEM or ECORRUPT. */
+static int
+summary_unpack(const histd_record *rec, Histd__V1__Summary **out)
 {
-	return histd__v1__summary__unpack(NULL, rec->len, rec->data);
+	return histd_unpack_stored(&histd__v1__summary__descriptor, NULL,
+				   rec->data, rec->len, out,
+				   "the stored summary");
 }
 
 static void
@@ -604,6 +599,7 @@ summary_view(struct sess *s, histd_view *v, const histd_record *rec,
 {
 	struct sum_view *sv, *old;
 	Histd__V1__Message *m;
+	int rc;
 
 	pthread_rwlock_rdlock(&s->sum_lock);
 	sv = s->sumv;
@@ -619,10 +615,9 @@ summary_view(struct sess *s, histd_view *v, const histd_record *rec,
 	if (!(sv = calloc(1, sizeof(*sv))))
 		return enomem();
 	sv->refs = 1;
-	if (!(sv->sum = summary_unpack(rec))) {
+	if ((rc = summary_unpack(rec, &sv->sum))) {
 		sum_view_unref(sv);
-		return histd_error_set(HISTD_ECORRUPT,
-				       "the stored summary does not decode");
+		return rc;
 	}
 	if (!(m = summary_message(v, sv->sum)) ||
 	    !(sv->rec = malloc(rec->len ? rec->len : 1))) {
@@ -1160,11 +1155,8 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 	*plugin_name = pl->name;
 	if ((rc = histd_driver_summary_get(d, tenant, id, &prevrec)))
 		goto out;
-	if (prevrec && !(prev = summary_unpack(prevrec))) {
-		rc = histd_error_set(HISTD_ECORRUPT,
-				     "the stored summary does not decode");
+	if (prevrec && (rc = summary_unpack(prevrec, &prev)))
 		goto out;
-	}
 	if (prev && prev->covers_to_seq <= sr->cleared_to_seq) {
 		histd__v1__summary__free_unpacked(prev, NULL);
 		prev = NULL;
@@ -1188,15 +1180,13 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 	}
 	for (size_t i = 0; i < res.records.n; i++) {
 		const histd_record *r = &res.records.v[i];
-		Histd__V1__Message *m = histd__v1__message__unpack(NULL, r->len,
-								  r->data);
+		Histd__V1__Message *m;
 
-		if (!m) {
-			rc = histd_error_set(HISTD_ECORRUPT,
-				"the stored message at seq %" PRIu64
-				" does not decode", r->seq);
+		if ((rc = histd_unpack_stored(&histd__v1__message__descriptor,
+					      NULL, r->data, r->len, &m,
+					      "the stored message at seq %"
+					      PRIu64, r->seq)))
 			goto out;
-		}
 		/* msgs[0..n_all) owns every message; system ones are moved
 		 * past the others so that the reducer sees none. */
 		msgs[n_all++] = m;
@@ -1566,7 +1556,9 @@ wants_reduce(histd_context *x, struct sess *s, int *want, int *retain)
 	}
 	if ((rc = histd_driver_summary_get(s->d, s->tenant, s->id, &sumrec)))
 		goto out;
-	if (sumrec && (sum = summary_unpack(sumrec)))
+	if (sumrec && (rc = summary_unpack(sumrec, &sum)))
+		goto out;
+	if (sum)
 		to = sum->covers_to_seq;
 	if (to < sr->cleared_to_seq)
 		to = sr->cleared_to_seq;
@@ -1626,8 +1618,11 @@ has_open_call(struct sess *s, const histd_record *rec, int *open)
 		goto corrupt;
 	if (!(flags & HISTD_ITEM_CALLS) || role == HISTD__V1__ROLE__ROLE_SYSTEM)
 		return 0;
-	if (!(m = histd__v1__message__unpack(NULL, rec->len, rec->data)))
-		goto corrupt;
+	if ((rc = histd_unpack_stored(&histd__v1__message__descriptor, NULL,
+				      rec->data, rec->len, &m,
+				      "the stored message at seq %" PRIu64,
+				      rec->seq)))
+		return rc;
 	for (size_t j = 0; j < m->n_content && !rc && !*open; j++) {
 		histd_record *r = NULL;
 

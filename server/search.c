@@ -3,6 +3,7 @@
  */
 #include "search.h"
 
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,46 +43,6 @@ check_deadline(int64_t deadline_us)
 	return 0;
 }
 
-/* A protobuf-c allocator over `inner` (NULL: malloc and free) that notes a
- * failed allocation: unpack answers NULL both for bytes that do not decode
- * and when memory runs out, and only the first is ECORRUPT. */
-typedef struct noting {
-	ProtobufCAllocator *inner;
-	int oom;
-} noting;
-
-static void *
-noting_alloc(void *data, size_t size)
-{
-	noting *n = data;
-	void *p = n->inner ? n->inner->alloc(n->inner->allocator_data, size)
-			   : malloc(size);
-
-	if (!p)
-		n->oom = 1;
-	return p;
-}
-
-static void
-noting_free(void *data, void *p)
-{
-	noting *n = data;
-
-	if (n->inner)
-		n->inner->free(n->inner->allocator_data, p);
-	else
-		free(p);
-}
-
-/* The error of an unpack through n that answered NULL. */
-static int
-unpack_failed(const noting *n, const char *what)
-{
-	if (n->oom)
-		return enomem();
-	return histd_error_set(HISTD_ECORRUPT, "%s does not decode", what);
-}
-
 int
 histd_search_session_embedding(const uint8_t *config, size_t len,
 			       Histd__V1__SessionConfig **cfg,
@@ -89,17 +50,14 @@ histd_search_session_embedding(const uint8_t *config, size_t len,
 {
 	const histd_search_embedder *e = atomic_load(&embedder);
 	Histd__V1__SessionConfig *c = NULL;
-	noting n = { NULL, 0 };
-	ProtobufCAllocator a = { noting_alloc, noting_free, &n };
+	int rc;
 
 	*cfg = NULL;
-	if (config && len) {
-		/* malloc underneath: the caller frees it with the default
-		 * allocator. */
-		c = histd__v1__session_config__unpack(&a, len, config);
-		if (!c)
-			return unpack_failed(&n, "the session's stored config");
-	}
+	if (config && len &&
+	    (rc = histd_unpack_stored(&histd__v1__session_config__descriptor,
+				      NULL, config, len, &c,
+				      "the session's stored config")))
+		return rc;
 	*cfg = c;
 	if (c && c->embeddings) {
 		*provider = c->embeddings->provider;
@@ -450,8 +408,6 @@ respond(const plan *p, const histd_search_query *q, Histd__V1__SearchMode mode,
 	Histd__V1__Message **msgs = NULL;
 	fused *f = NULL;
 	size_t n = 0;
-	noting na = { alloc, 0 };
-	ProtobufCAllocator a = { noting_alloc, noting_free, &na };
 	int rc;
 
 	if ((rc = fuse(p->rk, p->n_rk, q->k, &f, &n)))
@@ -465,12 +421,12 @@ respond(const plan *p, const histd_search_query *q, Histd__V1__SearchMode mode,
 		Histd__V1__SearchHit init = HISTD__V1__SEARCH_HIT__INIT;
 
 		/* Unpacked into the call's arena, freed with the call. */
-		msgs[i] = histd__v1__message__unpack(&a, f[i].rec->len,
-						     f[i].rec->data);
-		if (!msgs[i]) {
-			rc = unpack_failed(&na, "a stored message");
+		if ((rc = histd_unpack_stored(&histd__v1__message__descriptor,
+					      alloc, f[i].rec->data,
+					      f[i].rec->len, &msgs[i],
+					      "the stored message at seq %"
+					      PRIu64, f[i].rec->seq)))
 			goto out;
-		}
 		hv[i] = init;
 		hv[i].session_id = (char *)f[i].session_id;
 		hv[i].seq = f[i].rec->seq;

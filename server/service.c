@@ -886,6 +886,7 @@ pb_session_fill(pb_session *p, const histd_session *s)
 		HISTD__V1__SESSION__CONTEXT_KEYS_ENTRY__INIT;
 	static const Histd__V1__Session__LabelsEntry lbe =
 		HISTD__V1__SESSION__LABELS_ENTRY__INIT;
+	int rc;
 
 	memset(p, 0, sizeof(*p));
 	p->msg = init;
@@ -921,15 +922,13 @@ pb_session_fill(pb_session *p, const histd_session *s)
 		p->msg.n_labels = s->n_labels;
 		p->msg.labels = p->lbp;
 	}
-	if (s->config_len) {
-		p->msg.config = histd__v1__session_config__unpack(NULL,
-				s->config_len, s->config);
-		if (!p->msg.config) {
-			pb_session_fini(p);
-			return histd_error_set(HISTD_ECORRUPT,
-				"the stored config of the session does not "
-				"decode");
-		}
+	if (s->config_len &&
+	    (rc = histd_unpack_stored(&histd__v1__session_config__descriptor,
+				      NULL, s->config, s->config_len,
+				      &p->msg.config,
+				      "the stored config of the session"))) {
+		pb_session_fini(p);
+		return rc;
 	}
 	ts_from_us(&p->created, s->created_at_us);
 	ts_from_us(&p->updated, s->updated_at_us);
@@ -2123,13 +2122,11 @@ h_get_tool_result(call *c, void *msg)
 	if ((rc = histd_driver_tool_result(c->s->d, c->tenant, r->session_id,
 					   r->tool_call_id, &rec)))
 		return rc;
-	m = histd__v1__message__unpack(NULL, rec->len, rec->data);
-	if (!m) {
-		rc = histd_error_set(HISTD_ECORRUPT,
-			"the stored message at seq %" PRIu64 " does not decode",
-			rec->seq);
+	if ((rc = histd_unpack_stored(&histd__v1__message__descriptor, NULL,
+				      rec->data, rec->len, &m,
+				      "the stored message at seq %" PRIu64,
+				      rec->seq)))
 		goto out;
-	}
 	for (size_t j = 0; j < m->n_content && !resp.result; j++) {
 		Histd__V1__ContentBlock *b = m->content[j];
 

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "histd_wire.h"
+
 /* Messages read per driver call. */
 #define PAGE 1000
 
@@ -101,11 +103,11 @@ add_records(histd_transcript *t, const histd_read_result *res)
 		Histd__V1__Message *m;
 		int rc;
 
-		m = histd__v1__message__unpack(NULL, r->len, r->data);
-		if (!m)
-			return histd_error_set(HISTD_ECORRUPT,
-				"the stored message at seq %llu does not "
-				"decode", (unsigned long long)r->seq);
+		if ((rc = histd_unpack_stored(&histd__v1__message__descriptor,
+					      NULL, r->data, r->len, &m,
+					      "the stored message at seq %llu",
+					      (unsigned long long)r->seq)))
+			return rc;
 		if ((rc = histd_transcript_add(t, m))) {
 			histd__v1__message__free_unpacked(m, NULL);
 			return rc;

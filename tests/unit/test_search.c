@@ -8,6 +8,8 @@
  * test's thread only, alloc_hook.h); lexical searches too. Each such call
  * must answer ENOMEM, never another error, and free everything it
  * allocated; the call without a failure answers as before the failures.
+ * And histd_unpack_stored itself, which tells the two apart for every
+ * unpack of stored bytes in the server.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +25,7 @@
 #include "driver.h"
 #include "histd/v1/histd.pb-c.h"
 #include "histd_error.h"
+#include "histd_wire.h"
 #include "search.h"
 #include "service.h"
 #include "svc_calls.h"
@@ -300,10 +303,48 @@ hybrid_search_fails_cleanly_out_of_memory(void **state)
 	fails_cleanly_at_every_allocation(HISTD__V1__SEARCH_MODE__SEARCH_MODE_HYBRID);
 }
 
+/* histd_unpack_stored, which the search and the rest of the server use on
+ * stored bytes: bytes that do not decode are ECORRUPT naming them, memory
+ * running out is ENOMEM. */
+static void
+unpack_tells_bad_bytes_from_lack_of_memory(void **state)
+{
+	static const uint8_t bad[] = { 0x1a, 0x40, 'x' };  /* field 3, short */
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT, *got = NULL;
+	uint8_t buf[64];
+	size_t len;
+
+	(void)state;
+	assert_int_equal(histd_unpack_stored(&histd__v1__message__descriptor,
+					     NULL, bad, sizeof(bad), &got,
+					     "the stored message at seq %d", 7),
+			 HISTD_ECORRUPT);
+	assert_null(got);
+	assert_string_equal(histd_error_message(),
+			    "the stored message at seq 7 does not decode");
+
+	m.author = "planner";
+	len = histd__v1__message__pack(&m, buf);
+	if (ALLOC_HOOK) {
+		alloc_hook_start(0);
+		assert_int_equal(histd_unpack_stored(
+				&histd__v1__message__descriptor, NULL, buf,
+				len, &got, "a message"), HISTD_ENOMEM);
+		alloc_hook_stop();
+		assert_null(got);
+	}
+	assert_int_equal(histd_unpack_stored(&histd__v1__message__descriptor,
+					     NULL, buf, len, &got, "a message"),
+			 0);
+	assert_string_equal(got->author, "planner");
+	histd__v1__message__free_unpacked(got, NULL);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(unpack_tells_bad_bytes_from_lack_of_memory),
 		cmocka_unit_test_setup_teardown(semantic_search_fails_cleanly_out_of_memory,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(lexical_search_fails_cleanly_out_of_memory,
