@@ -437,6 +437,8 @@ histd_pipeline_newest_needed(const histd_pipeline *p)
 	return most;
 }
 
+static int view_ran_out(const histd_view *v);
+
 int
 histd_pipeline_transform(const histd_pipeline *p, histd_view *v)
 {
@@ -448,6 +450,10 @@ histd_pipeline_transform(const histd_pipeline *p, histd_view *v)
 		rc = p->v[i].plugin->transform(p->v[i].state, v);
 		if (rc == HISTD_PLUGIN_MORE && v->complete)
 			rc = 0;     /* nothing older exists */
+		/* A message ops->message could not unpack for want of
+		 * memory is not corrupt, whatever the plugin concluded. */
+		if (rc == HISTD_ECORRUPT && view_ran_out(v))
+			rc = histd_error_set(HISTD_ENOMEM, "out of memory");
 		if (rc)
 			return rc;
 	}
@@ -482,6 +488,7 @@ struct host {
 	 * + 1. */
 	struct tools_slot *tools;
 	size_t tools_cap, tools_used;
+	int oom;                       /* an arena allocation failed */
 };
 
 static void *
@@ -494,8 +501,10 @@ arena_alloc(struct host *h, size_t size)
 	if (!c || c->cap - c->used < size) {
 		size_t cap = size > SPARE_CHUNK ? size : SPARE_CHUNK;
 
-		if (!(c = malloc(sizeof(*c) + cap)))
+		if (!(c = malloc(sizeof(*c) + cap))) {
+			h->oom = 1;
 			return NULL;
+		}
 		c->cap = cap;
 		c->used = 0;
 		c->next = h->chunks;
@@ -504,6 +513,12 @@ arena_alloc(struct host *h, size_t size)
 	p = c->mem + c->used;
 	c->used += size;
 	return p;
+}
+
+static int
+view_ran_out(const histd_view *v)
+{
+	return ((const struct host *)v->host)->oom;
 }
 
 static void *
@@ -691,6 +706,7 @@ histd_view_free(histd_view *v)
 		h->tools_cap = 0;
 	}
 	h->tools_used = 0;
+	h->oom = 0;
 	if (h->cap > SPARE_ITEMS) {
 		free(v->items);
 		v->items = NULL;

@@ -108,8 +108,8 @@ typedef struct histd_view histd_view;
 typedef struct histd_view_ops {
 	unsigned int version;       /* HISTD_PLUGIN_VERSION */
 	/* The item's message, unpacked once; NULL if it does not decode or
-	 * memory ran out (the transform then returns HISTD_ECORRUPT or
-	 * HISTD_ENOMEM). */
+	 * memory ran out (the transform then returns HISTD_ECORRUPT: the
+	 * host answers ENOMEM instead when the view's memory ran out). */
 	Histd__V1__Message *(*message)(histd_view *v, size_t i);
 	/* After changing item i's message in place: marks it changed and
 	 * re-estimates its tokens. */

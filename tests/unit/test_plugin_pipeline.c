@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "alloc_hook.h"
 #include "compaction.h"
 #include "histd/v1/histd.pb-c.h"
 #include "plugin.h"
@@ -492,6 +493,63 @@ masking_small_results_take_no_slot_and_stay(void **state)
 				histd_tokens_message(v->items[i].msg));
 		}
 	histd_view_free(v);
+	histd_pipeline_free(p);
+	tx_free(&t);
+}
+
+/* Out of memory in a pipeline: each allocation of the transform fails in
+ * turn (alloc_hook.h), among them the view's arena, which masking needs
+ * to unpack the results it measures. The answer is ENOMEM, never
+ * ECORRUPT: a message that could not be unpacked for want of memory is
+ * not corrupt. Results large enough that the arena takes more memory. */
+static void
+a_pipeline_out_of_memory_is_enomem_not_corrupt(void **state)
+{
+	struct tx t = { 0 };
+	char calls[8][16], results[8][256];
+	histd_pipeline *p;
+	long k;
+
+	(void)state;
+	if (!ALLOC_HOOK)
+		skip();
+	tx_add(&t, USER, "t:Read every file.", NULL);
+	for (int round = 0; round < 14; round++) {
+		for (int j = 0; j < 8; j++) {
+			snprintf(calls[j], sizeof(calls[j]), "c:r%dc%d:read",
+				 round, j);
+			snprintf(results[j], sizeof(results[j]),
+				 "r:r%dc%d:read:%.*s", round, j, 200,
+				 "lorem ipsum dolor sit amet consectetur "
+				 "adipiscing elit sed do eiusmod tempor "
+				 "incididunt ut labore et dolore magna aliqua "
+				 "ut enim ad minim veniam quis nostrud "
+				 "exercitation ullamco laboris nisi ut aliquip");
+		}
+		tx_add(&t, ASST, calls[0], calls[1], calls[2], calls[3],
+		       calls[4], calls[5], calls[6], calls[7], NULL);
+		tx_add(&t, TOOL, results[0], results[1], results[2],
+		       results[3], results[4], results[5], results[6],
+		       results[7], NULL);
+	}
+	p = parse("masking:keep_recent_results=1,min_tokens_to_mask=3");
+	for (k = 0;; k++) {
+		histd_view *v = tx_view(&t);
+		int rc;
+
+		alloc_hook_start(k);
+		rc = histd_pipeline_transform(p, v);
+		alloc_hook_stop();
+		histd_view_free(v);
+		if (!alloc_hook_failed()) {
+			assert_int_equal(rc, 0);
+			break;
+		}
+		if (rc != HISTD_ENOMEM)
+			fail_msg("allocation %ld failed: %s, not ENOMEM", k,
+				 histd_error_name(rc));
+	}
+	assert_true(k > 0);
 	histd_pipeline_free(p);
 	tx_free(&t);
 }
@@ -1431,6 +1489,7 @@ main(void)
 			window_asks_for_more_when_the_view_is_incomplete),
 		cmocka_unit_test(masking_excluded_tools_take_no_recent_slot),
 		cmocka_unit_test(masking_small_results_take_no_slot_and_stay),
+		cmocka_unit_test(a_pipeline_out_of_memory_is_enomem_not_corrupt),
 		cmocka_unit_test(masking_never_changes_the_stored_bytes),
 		cmocka_unit_test(
 			a_reused_view_starts_empty_and_reads_tools_afresh),
