@@ -971,13 +971,12 @@ sub_live_reserve(histd_sub *s)
 	return 0;
 }
 
-/* Whether ev was a change to another life of the session than the one s
- * follows (s->lock held). */
+/* Whether a change to life `life` of the session (0: unknown) is to
+ * another life than the one s follows (s->lock held). */
 static int
-other_life(const histd_sub *s, const histd_event *ev)
+other_life(const histd_sub *s, uint64_t life)
 {
-	return s->incarnation && ev->incarnation &&
-	       ev->incarnation != s->incarnation;
+	return s->incarnation && life && life != s->incarnation;
 }
 
 static void
@@ -988,7 +987,7 @@ sub_live(histd_sub *s, histd_event *ev)
 	/* Before the start, a deleted event may be another life's (its
 	 * notice late): the start sorts them out. */
 	if (s->ended || (s->started && s->deleted_queued) ||
-	    other_life(s, ev))
+	    other_life(s, ev->incarnation))
 		return;
 	/* The snapshot already holds it (the dispatcher may run late). A
 	 * plugin error is no change: a snapshot never holds it. */
@@ -1186,7 +1185,6 @@ static void
 end_for_ticket(struct hub_session *hs, uint64_t ticket, const char *msg,
 	       uint64_t cleared_to_seq, uint64_t incarnation)
 {
-	histd_event life = { .incarnation = incarnation };
 	histd_sub *s;
 
 	pthread_mutex_lock(&hs->lock);
@@ -1194,7 +1192,7 @@ end_for_ticket(struct hub_session *hs, uint64_t ticket, const char *msg,
 		if (s->since >= ticket)
 			continue;
 		pthread_mutex_lock(&s->lock);
-		if (!other_life(s, &life))
+		if (!other_life(s, incarnation))
 			sub_end(s, HISTD_ELIMIT, msg, cleared_to_seq);
 		pthread_mutex_unlock(&s->lock);
 	}
@@ -1633,7 +1631,7 @@ histd_hub_start_replay(histd_sub *s, histd_event **replay, size_t n,
 
 		if ((ev->revision <= snapshot_revision &&
 		     (int)ev->kind != HISTD_EVENT_PLUGIN_ERROR) ||
-		    other_life(s, ev) || s->deleted_queued) {
+		    other_life(s, ev->incarnation) || s->deleted_queued) {
 			histd_event_unref(ev);
 			continue;
 		}

@@ -13,9 +13,9 @@
  * A batch that has run PG_STALL_US (waiting on a row lock held elsewhere,
  * say) does not hold back the sessions it does not contain: while every
  * batch in flight is that old and the server itself still answers (a
- * probe by the listener, asked for then), another may start, with the queued requests of the
- * sessions no running batch holds (next_batch). Those of the held
- * sessions stay queued in their order.
+ * probe by the listener, asked for then), another may start, with the
+ * queued requests of the sessions no running batch holds (next_batch).
+ * Those of the held sessions stay queued in their order.
  *
  * The fast path: a batch of plain appends (no expected revision, no
  * idempotency key, no tool call ids: nothing to check but the session) is
