@@ -509,6 +509,25 @@ retryable(int rc)
 	return rc == HISTD_EUNAVAILABLE || rc == HISTD_ELIMIT;
 }
 
+/*
+ * Messages that another job embedded while j waited (a search's backfill
+ * queued behind the appends, or ahead of them) are not sent to the
+ * provider again: j starts past the mark. A message never changes under
+ * its seq (a Replace stores new seqs), so the mark's vectors are current.
+ * 1: nothing is left of j (a backfill still runs, to end its turn).
+ * Under mu.
+ */
+static int
+skip_embedded(histd_embedder *e, job *j)
+{
+	mark *m = mark_find(e, j->tenant, j->id, 0);
+
+	if (!m || m->mark < j->first)
+		return 0;
+	j->first = m->mark + 1;
+	return !j->backfill && j->first > j->last;
+}
+
 static void *
 worker_main(void *arg)
 {
@@ -523,6 +542,10 @@ worker_main(void *arg)
 
 		if (!j)
 			break;
+		if (skip_embedded(e, j)) {
+			job_free(j);
+			continue;
+		}
 		first = j->first;
 		pthread_mutex_unlock(&e->mu);
 		rc = run_job(e, j, &emb, &none);

@@ -10,7 +10,8 @@
  * lexical_fallback_sessions; embeddings are computed off the request
  * path (an Append returns at once while the provider takes 2 s); a
  * session that asks for embeddings late is backfilled by a semantic
- * search; the file driver keeps vectors across a restart.
+ * search, and a backfill sends no message the appends' job embedded; the
+ * file driver keeps vectors across a restart.
  *
  * argv[1] is the histd binary (the integration harness, harness.h).
  */
@@ -247,13 +248,15 @@ search(tarena *a, const char *session, const char *query, uint32_t k,
 
 /* Waits until a semantic search of the session finds its n texts (the
  * worker stored n vectors): at most 30 s. The query holds every word of
- * them, so that no text's vector is orthogonal to it. */
-static void
+ * them, so that no text's vector is orthogonal to it. The number of
+ * searches made: each sent its query to the provider once. */
+static unsigned
 wait_vectors(tarena *a, const char *session, const char *const *texts,
 	     size_t n)
 {
 	int64_t end = t_now_ms() + 30000;
 	size_t len = 1;
+	unsigned searches = 0;
 	char *all;
 
 	for (size_t i = 0; i < n; i++)
@@ -267,6 +270,7 @@ wait_vectors(tarena *a, const char *session, const char *const *texts,
 		Histd__V1__SearchResponse *s =
 			search(a, session, all, 100,
 			       HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC);
+		searches++;
 		/* Hits by meaning only: a search that fell back to words
 		 * finds every text by its words, vectors or not. */
 		size_t got = s->mode == HISTD__V1__SEARCH_MODE__SEARCH_MODE_SEMANTIC &&
@@ -274,7 +278,7 @@ wait_vectors(tarena *a, const char *session, const char *const *texts,
 
 		histd_client_message_free(&s->base);
 		if (got >= n)
-			return;
+			return searches;
 		if (t_now_ms() > end)
 			fail_msg("session %s has %zu of %zu vectors after 30 s",
 				 session, got, n);
@@ -531,6 +535,34 @@ late_embeddings_are_backfilled_by_a_semantic_search(void **state)
 	ta_free(a);
 }
 
+/* A semantic search made while the appends' job is at the provider
+ * queues a backfill from the mark, still 0 then. When the backfill runs,
+ * that job has embedded every message: none goes to the provider again. */
+static void
+a_backfill_embeds_nothing_the_appends_did(void **state)
+{
+	static const char *const marker[] = {
+		"Zebras graze on the savanna at dawn.",
+	};
+	tarena *a = ta_new();
+	unsigned queries;
+
+	(void)state;
+	create(a, "twice", "openai", "");
+	create(a, "marker", "openai", "");
+	stub_set_delay(provider, 1000);
+	append_each(a, "twice", code, N(code));
+	queries = wait_vectors(a, "twice", code, N(code));
+	stub_set_delay(provider, 0);
+	/* One embedding worker, first in first out: once the marker's
+	 * vector is stored, the backfill queued before its job has run. */
+	append_each(a, "marker", marker, N(marker));
+	queries += wait_vectors(a, "marker", marker, N(marker));
+	assert_int_equal(stub_embed_texts(provider),
+			 N(code) + N(marker) + queries);
+	ta_free(a);
+}
+
 /* A semantic search of the session that the provider's next answer
  * sends back to words: LEXICAL, the session its one fallback, hits. */
 static void
@@ -710,6 +742,7 @@ main(int argc, char **argv)
 		M(hybrid_fuses_words_and_meaning),
 		M(appends_do_not_wait_for_the_provider),
 		M(late_embeddings_are_backfilled_by_a_semantic_search),
+		M(a_backfill_embeds_nothing_the_appends_did),
 		M(a_refused_query_embedding_falls_back_to_words),
 		M(a_degenerate_query_vector_falls_back_to_words),
 		M(a_session_that_opts_out_of_embeddings_falls_back_to_words),
