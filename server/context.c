@@ -1256,13 +1256,16 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 	}
 	/* Put at the current revision. Appends meanwhile only add seqs
 	 * after the covered range: retry. A clear or replace meanwhile
-	 * removed what the summary covers: drop it. */
+	 * removed what the summary covers, and so did a delete: a session
+	 * created again under the id (another life) is another
+	 * conversation. Drop it. */
 	for (int attempt = 0;; attempt++) {
 		histd_session_free(now);
 		now = NULL;
 		if ((rc = histd_driver_session_get(d, tenant, id, &now)))
 			goto out;
-		if (now->cleared_to_seq != sr->cleared_to_seq) {
+		if (now->cleared_to_seq != sr->cleared_to_seq ||
+		    now->incarnation != sr->incarnation) {
 			*revision = now->revision;
 			goto out;    /* nothing stored; no summary */
 		}

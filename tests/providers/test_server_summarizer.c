@@ -613,6 +613,62 @@ stuck_reduce_thread(void *arg)
 	return NULL;
 }
 
+/* A session deleted and created again under its id while a Reduce waits
+ * on the provider: the old conversation's summary is not stored on the
+ * new one (whose messages reach past what it covers), and the new
+ * session's CONTEXT view keeps every message of its own. */
+static void
+a_reduce_does_not_summarize_into_a_session_created_again(void **state)
+{
+	tarena *a = ta_new();
+	struct stuck_reduce r = { .id = "reborn" };
+	Histd__V1__DeleteSessionRequest *d = ta_alloc(a, sizeof(*d));
+	Histd__V1__GetMessagesRequest *gr = ta_alloc(a, sizeof(*gr));
+	Histd__V1__GetMessagesResponse *g = NULL;
+	ProtobufCMessage *out = NULL;
+	histd_status st;
+	unsigned before;
+
+	(void)state;
+	create(a, r.id, "anthropic");
+	fill(a, r.id);
+	before = stub_requests(provider);
+	/* Long enough for the delete, the create and 13 appends. */
+	stub_push(provider, (stub_reply){ .retry_after = -1, .delay_ms = 3000 });
+	assert_int_equal(pthread_create(&r.th, NULL, stuck_reduce_thread, &r),
+			 0);
+	for (int i = 0; i < 400 && stub_requests(provider) < before + 1; i++)
+		usleep(50 * 1000);
+	assert_true(stub_requests(provider) >= before + 1);
+
+	histd__v1__delete_session_request__init(d);
+	d->session_id = (char *)r.id;
+	histd_status_init(&st);
+	t_call(client, "DeleteSession", d,
+	       &histd__v1__delete_session_response__descriptor, &out, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_status_reset(&st);
+	histd_client_message_free(out);
+	create(a, r.id, "anthropic");
+	fill(a, r.id);
+	pthread_join(r.th, NULL);
+	assert_int_equal(r.code, GRPC_STATUS_OK);
+
+	histd__v1__get_messages_request__init(gr);
+	gr->session_id = (char *)r.id;
+	gr->view = HISTD__V1__VIEW__VIEW_CONTEXT;
+	histd_status_init(&st);
+	t_call(client, "GetMessages", gr,
+	       &histd__v1__get_messages_response__descriptor, &g, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_status_reset(&st);
+	assert_null(g->summary);
+	assert_int_equal(g->n_messages, 13);
+	assert_string_equal(tm_first_text(g->messages[0]), "Be brief.");
+	histd_client_message_free((ProtobufCMessage *)g);
+	ta_free(a);
+}
+
 /* More Reduce calls stuck on a provider than histd has queue threads:
  * every other call is still answered, because a call that waits on a
  * provider runs on a provider-call thread. On SIGTERM the stuck ones end
@@ -742,6 +798,8 @@ main(int argc, char **argv)
 			an_unconfigured_provider_fails_naming_its_key_variable),
 		cmocka_unit_test(the_server_log_never_holds_an_api_key),
 		cmocka_unit_test(a_reduce_with_a_distant_deadline_runs),
+		cmocka_unit_test(
+			a_reduce_does_not_summarize_into_a_session_created_again),
 		cmocka_unit_test(
 			reduces_stuck_on_a_provider_hold_no_queue_thread),
 		cmocka_unit_test(shutdown_abandons_a_provider_call_after_the_grace),
