@@ -1110,13 +1110,14 @@ check_summary(histd_reduce *red, const char *id, const char *plugin)
  * Compacts one session now. *summary_out (may be NULL) gets the stored
  * Summary (caller frees with histd__v1__summary__free_unpacked), NULL when
  * nothing needed compaction; *revision the session's revision after.
- * *plugin_name names the plugin for error reports.
+ * *plugin_name names the plugin for error reports, *life the session
+ * life it read (0: none).
  */
 static int
 compact(histd_context *x, histd_driver *d, const char *tenant,
 	const char *id, const struct bounds *bd,
 	Histd__V1__Summary **summary_out, uint64_t *revision,
-	const char **plugin_name)
+	const char **plugin_name, uint64_t *life)
 {
 	histd_session *sr = NULL, *now = NULL;
 	histd_record *prevrec = NULL, *rec = NULL;
@@ -1136,11 +1137,13 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 	int idx, rc, owned = 0;
 
 	*plugin_name = "compaction";
+	*life = 0;
 	if (summary_out)
 		*summary_out = NULL;
 	if ((rc = histd_driver_session_get(d, tenant, id, &sr)))
 		return rc;
 	*revision = sr->revision;
+	*life = sr->incarnation;
 	if ((rc = session_pipeline(x, sr, &p, &owned)))
 		goto out;
 	idx = histd_pipeline_reducer(p);
@@ -1312,12 +1315,12 @@ out:
 	return rc;
 }
 
-/* Reports a failed compaction or retention (what) to the sink: one line,
- * no content. */
+/* Reports a failed compaction or retention (what) of the session's life
+ * `life` (0: unknown) to the sink: one line, no content. */
 static void
 report_what(histd_context *x, histd_driver *d, const char *tenant,
-	    const char *id, const char *what, const char *plugin, int rc,
-	    int will_retry)
+	    const char *id, uint64_t life, const char *what,
+	    const char *plugin, int rc, int will_retry)
 {
 	histd_session *sr = NULL;
 	histd_plugin_error_fn fn;
@@ -1339,18 +1342,15 @@ report_what(histd_context *x, histd_driver *d, const char *tenant,
 	pthread_mutex_unlock(&x->lock);
 	if (!fn)
 		return;
-	/* The event carries the session's current revision. */
+	/* The event carries the session's current revision. The session
+	 * deleted and created again meanwhile is another conversation: its
+	 * subscribers are not told of the old one's failure. */
 	if (histd_driver_session_get(d, tenant, id, &sr))
 		return;
-	fn(arg, tenant, id, sr->revision, plugin, msg, will_retry);
+	if (!life || life == sr->incarnation)
+		fn(arg, tenant, id, sr->revision, sr->incarnation, plugin, msg,
+		   will_retry);
 	histd_session_free(sr);
-}
-
-static void
-report(histd_context *x, histd_driver *d, const char *tenant,
-       const char *id, const char *plugin, int rc, int will_retry)
-{
-	report_what(x, d, tenant, id, "compaction", plugin, rc, will_retry);
 }
 
 /* Marks the session busy, waiting for a running compaction. */
@@ -1393,7 +1393,7 @@ histd_context_reduce(histd_context *x, histd_driver *d, const char *tenant,
 			     r->older_than_seconds };
 	Histd__V1__Summary *sum = NULL;
 	const char *plugin = "compaction";
-	uint64_t revision = 0;
+	uint64_t revision = 0, life = 0;
 	struct sess *s;
 	int rc;
 
@@ -1402,11 +1402,12 @@ histd_context_reduce(histd_context *x, histd_driver *d, const char *tenant,
 	if (!(s = acquire(x, d, tenant, r->session_id)))
 		return enomem();
 	rc = compact(x, d, tenant, r->session_id, &bd, &sum, &revision,
-		     &plugin);
+		     &plugin, &life);
 	release_sess(x, s);
 	if (rc) {
 		if (rc != HISTD_ENOTFOUND && rc != HISTD_EINVALID)
-			report(x, d, tenant, r->session_id, plugin, rc, 0);
+			report_what(x, d, tenant, r->session_id, life,
+				    "compaction", plugin, rc, 0);
 		return rc;
 	}
 	resp.summary = sum;
@@ -1809,10 +1810,11 @@ out:
  * that deletes something. It truncates at the revision it read, so an
  * append, clear or summary in between makes it read again (up to
  * RETAIN_ATTEMPTS times, then *again = 1: the worker runs it later),
- * never delete what it did not see. Worker only, with s busy.
+ * never delete what it did not see. *life: the session life it last
+ * read (0: none). Worker only, with s busy.
  */
 static int
-retain(histd_context *x, struct sess *s, int *again)
+retain(histd_context *x, struct sess *s, int *again, uint64_t *life)
 {
 	histd_session *sr = NULL;
 	histd_pipeline *p = NULL;
@@ -1828,8 +1830,10 @@ retain(histd_context *x, struct sess *s, int *again)
 		owned = 0;
 		histd_session_free(sr);
 		sr = NULL;
-		if ((rc = histd_driver_session_get(s->d, s->tenant, s->id, &sr)) ||
-		    (rc = session_pipeline(x, sr, &p, &owned)))
+		if ((rc = histd_driver_session_get(s->d, s->tenant, s->id, &sr)))
+			goto out;
+		*life = sr->incarnation;
+		if ((rc = session_pipeline(x, sr, &p, &owned)))
 			goto out;
 		if ((wi = retention_window(p)) < 0)
 			goto out;       /* the config changed meanwhile */
@@ -1904,7 +1908,7 @@ worker_main(void *arg)
 		struct sess *s = next_due(x, now, &wait_us);
 		const char *plugin = "compaction", *what = "compaction";
 		struct bounds bd = { 0 };
-		uint64_t rev = 0;
+		uint64_t rev = 0, life = 0;
 		int want = 0, keep = 0, soon = 0, rc, retries;
 
 		if (!s) {
@@ -1931,14 +1935,14 @@ worker_main(void *arg)
 		rc = wants_reduce(x, s, &want, &keep);
 		if (!rc && want)
 			rc = compact(x, s->d, s->tenant, s->id, &bd, NULL, &rev,
-				     &plugin);
+				     &plugin, &life);
 		/* Retention after compaction, so that what is due for a
 		 * summary gets one first; a failed compaction keeps the
 		 * messages until a later job succeeds. */
 		if (!rc && keep) {
 			plugin = "window";
 			what = "retention";
-			rc = retain(x, s, &soon);
+			rc = retain(x, s, &soon, &life);
 		}
 
 		pthread_mutex_lock(&x->lock);
@@ -1972,8 +1976,8 @@ worker_main(void *arg)
 				enqueue(x, s, s->not_before);
 			}
 			pthread_mutex_unlock(&x->lock);
-			report_what(x, s->d, tenant, id, what, plugin, rc,
-				    again);
+			report_what(x, s->d, tenant, id, life, what, plugin,
+				    rc, again);
 			pthread_mutex_lock(&x->lock);
 		} else {
 			s->retries = 0;

@@ -101,13 +101,17 @@ typedef struct histd_context_config {
  * Where plugin errors go: the server publishes them to the session's
  * subscribers as a HistoryEvent plugin_error (histd_hub_publish_plugin_error
  * has this signature, with the hub as arg). revision is the session's
- * current one. message is one line without conversation text. Called from a worker or a Reduce call, with no lock
- * of the context held; must not block.
+ * current one, incarnation the life (histd_session.incarnation) of the
+ * session the failed work read; an error of an earlier life is not
+ * reported. message is one line without conversation text. Called from a
+ * worker or a Reduce call, with no lock of the context held; must not
+ * block.
  */
 typedef void (*histd_plugin_error_fn)(void *arg, const char *tenant,
 				      const char *session_id,
-				      uint64_t revision, const char *plugin,
-				      const char *message, int will_retry);
+				      uint64_t revision, uint64_t incarnation,
+				      const char *plugin, const char *message,
+				      int will_retry);
 
 typedef struct histd_context histd_context;
 

@@ -265,7 +265,7 @@ event_build_raw(const char *session_id, uint64_t revision,
 	ev->last_seq = 0;
 	ev->cleared_to_seq = 0;
 	ev->next_part = NULL;
-	ev->incarnation = 0;    /* a plugin error is no change */
+	ev->incarnation = 0;    /* the publisher sets the error's */
 	ev->len = total;
 	p = ev->data;
 	if (sid_len) {
@@ -1299,8 +1299,8 @@ histd_hub_notify(void *hub, const histd_change *c)
 void
 histd_hub_publish_plugin_error(void *hub, const char *tenant,
 			       const char *session_id, uint64_t revision,
-			       const char *plugin, const char *message,
-			       int will_retry)
+			       uint64_t incarnation, const char *plugin,
+			       const char *message, int will_retry)
 {
 	Histd__V1__PluginError pe = HISTD__V1__PLUGIN_ERROR__INIT;
 	histd_hub *h = hub;
@@ -1334,6 +1334,8 @@ histd_hub_publish_plugin_error(void *hub, const char *tenant,
 		ev = event_build_raw(session_id, revision, buf, len);
 		free(buf);
 	}
+	if (ev)
+		ev->incarnation = incarnation;
 	if (ev && !(err = fifo_push(h, hs, ev, ticket)))
 		return;
 	histd_event_unref(ev);

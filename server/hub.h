@@ -189,12 +189,14 @@ void histd_hub_unsubscribe(histd_sub *s);
  * filter applies to changes only). A subscriber already sent a later
  * revision (a change that raced the report, or its snapshot) receives it
  * at that later revision, so that its events stay in revision order.
+ * incarnation: the session life it is about (0: any); a stream that
+ * follows another life does not receive it.
  * Never blocks; dropped when nobody subscribes or memory runs out.
  */
 void histd_hub_publish_plugin_error(void *hub, const char *tenant,
 				    const char *session_id, uint64_t revision,
-				    const char *plugin, const char *message,
-				    int will_retry);
+				    uint64_t incarnation, const char *plugin,
+				    const char *message, int will_retry);
 
 /* Ends every stream with HISTD_EUNAVAILABLE; later subscribes fail. */
 void histd_hub_shutdown(histd_hub *h);

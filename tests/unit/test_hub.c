@@ -982,9 +982,10 @@ replay_then_live_without_gap_or_duplicate(void **state)
 
 /* Subscribed while the session's first life was deleted and a second
  * created under its id: the first life's notices, late (an append, its
- * deletion, one more after the start), must not reach a stream whose
- * snapshot read the second life; the second life's changes past the
- * snapshot all do, and so do plugin errors; the stream stays open. */
+ * deletion, one more after the start, a plugin error before and after
+ * the start), must not reach a stream whose snapshot read the second
+ * life; the second life's changes past the snapshot all do, and so do
+ * its plugin errors and those of no known life; the stream stays open. */
 static void
 changes_to_an_earlier_life_of_the_session_are_not_sent(void **state)
 {
@@ -1000,6 +1001,8 @@ changes_to_an_earlier_life_of_the_session_are_not_sent(void **state)
 	notify_append_life(h, "s1", 8, 5, 1, 1);
 	notify_append_life(h, "s1", 2, 1, 1, 2);
 	notify_kind_life(h, "s1", HISTD_CHANGE_DELETED, 9, 0, 1);
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 9, 1, "compaction",
+				       "life 1 before", 1);
 	notify_append_life(h, "s1", 3, 2, 1, 2);
 	hub_sync(h);
 
@@ -1026,14 +1029,28 @@ changes_to_an_earlier_life_of_the_session_are_not_sent(void **state)
 		histd__v1__history_event__free_unpacked(e, NULL);
 		assert_int_equal(fake_complete(f, 1), 0);
 	}
-	/* A plugin error belongs to no life: it is sent. */
-	histd_hub_publish_plugin_error(h, TENANT, "s1", 4, "compaction",
-				       "provider down", 1);
-	assert_int_equal(fake_wait_sent(f, 4), 4);
-	assert_int_equal((int)f->evs[3]->kind, HISTD_EVENT_PLUGIN_ERROR);
-	assert_int_equal(fake_complete(f, 1), 0);
+	/* Plugin errors: life 1's is not sent, life 2's and one of no
+	 * known life (0) are. */
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 4, 1, "compaction",
+				       "life 1 after", 1);
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 4, 2, "compaction",
+				       "life 2", 1);
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 4, 0, "compaction",
+				       "no life", 1);
+	for (i = 3; i < 5; i++) {
+		Histd__V1__HistoryEvent *e;
+
+		assert_int_equal(fake_wait_sent(f, i + 1), i + 1);
+		e = decode(f->evs[i]);
+		assert_int_equal(e->event_case,
+				 HISTD__V1__HISTORY_EVENT__EVENT_PLUGIN_ERROR);
+		assert_string_equal(e->plugin_error->message,
+				    i == 3 ? "life 2" : "no life");
+		histd__v1__history_event__free_unpacked(e, NULL);
+		assert_int_equal(fake_complete(f, 1), 0);
+	}
 	hub_sync(h);
-	assert_int_equal(fake_count(f), 4);
+	assert_int_equal(fake_count(f), 5);
 	assert_int_equal(f->fin_calls, 0);
 	assert_contract_kept(f);
 
@@ -1459,7 +1476,7 @@ split_change_takes_one_queue_place_and_stays_whole(void **state)
 	/* Seq 1 stays in flight while three changes queue. */
 	notify_append(h, "s1", 2, 1, 1);
 	histd_hub_notify(h, &ac);
-	histd_hub_publish_plugin_error(h, TENANT, "s1", 3, "compaction",
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 3, 0, "compaction",
 				       "provider down", 1);
 	notify_append(h, "s1", 4, 82, 1);
 	hub_sync(h);
@@ -1516,7 +1533,7 @@ plugin_error_older_than_what_was_sent_keeps_revision_order(void **state)
 	(void)state;
 	assert_int_equal(subscribe(h, "s1", f), 0);
 	/* Reported at revision 2 while the snapshot (revision 5) is read. */
-	histd_hub_publish_plugin_error(h, TENANT, "s1", 2, "compaction",
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 2, 0, "compaction",
 				       "first", 1);
 	hub_sync(h);
 	assert_int_equal(histd_event_replay("s1", 5, &r, 0, 0, 64, 0, &replay,
@@ -1526,9 +1543,9 @@ plugin_error_older_than_what_was_sent_keeps_revision_order(void **state)
 	/* The reporter read revision 5, an append committed revision 6
 	 * before its report reached the hub. */
 	notify_append(h, "s1", 6, 3, 1);
-	histd_hub_publish_plugin_error(h, TENANT, "s1", 5, "compaction",
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 5, 0, "compaction",
 				       "second", 0);
-	histd_hub_publish_plugin_error(h, TENANT, "s1", 7, "window", "third",
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 7, 0, "window", "third",
 				       1);
 	notify_append(h, "s1", 8, 4, 1);
 
@@ -1569,7 +1586,7 @@ plugin_error_below_an_empty_replay_goes_out_at_the_snapshot(void **state)
 
 	(void)state;
 	assert_int_equal(subscribe(h, "s1", f), 0);
-	histd_hub_publish_plugin_error(h, TENANT, "s1", 2, "compaction",
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 2, 0, "compaction",
 				       "late", 1);
 	hub_sync(h);
 	histd_hub_start(f->sub, NULL, 0, 5);

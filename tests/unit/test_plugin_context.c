@@ -42,12 +42,15 @@ static int slow_ms;
 static int fail_left;
 static int calls, running, max_running;
 static const char *fixed_text;
+/* Run once inside the next summarizer call, as a client racing it. */
+static void (*in_call)(void);
 
 static int
 fake_summarize(histd_summarizer *s, const histd_summary_request *req,
 	       histd_summary_result *out)
 {
 	histd_summarizer *ex;
+	void (*hook)(void);
 	int fail, rc;
 
 	pthread_mutex_lock(&fake_lock);
@@ -57,7 +60,11 @@ fake_summarize(histd_summarizer *s, const histd_summary_request *req,
 	fail = !strcmp(s->name, "failing") && fail_left > 0;
 	if (fail && fail_left > 0)
 		fail_left--;
+	hook = in_call;
+	in_call = NULL;
 	pthread_mutex_unlock(&fake_lock);
+	if (hook)
+		hook();
 	if (!strcmp(s->name, "slow")) {
 		struct timespec ts = { slow_ms / 1000,
 				       (long)(slow_ms % 1000) * 1000000 };
@@ -118,12 +125,14 @@ static char sink_msg[512];
 
 static void
 sink(void *arg, const char *tenant, const char *sid, uint64_t revision,
-     const char *plugin, const char *message, int will_retry)
+     uint64_t incarnation, const char *plugin, const char *message,
+     int will_retry)
 {
 	(void)arg;
 	(void)tenant;
 	(void)sid;
 	(void)revision;
+	(void)incarnation;
 	pthread_mutex_lock(&fake_lock);
 	sink_calls++;
 	if (will_retry)
@@ -164,6 +173,7 @@ start(const char *default_pipeline, int64_t ttl_us)
 	calls = running = max_running = 0;
 	sink_calls = sink_retry_calls = 0;
 	sink_msg[0] = '\0';
+	in_call = NULL;
 	pthread_mutex_unlock(&fake_lock);
 	return 0;
 }
@@ -625,6 +635,71 @@ a_bad_pipeline_is_invalid_argument_at_create_and_update(void **state)
 	assert_string_equal(histd_error_message(),
 		"config.pipeline.plugins[0].options: max_messages or "
 		"max_tokens is required (above 0; 0 means no limit)");
+}
+
+/* Deletes "remade" and creates it again with other turns, from inside a
+ * summarizer call on it: a client starting over while the provider
+ * works. */
+static const char *const remade_pl[] = {
+	"compaction", "summarizer", "failing",
+	"compaction", "keep_recent", "2", NULL };
+
+static void
+remake(void)
+{
+	Histd__V1__DeleteSessionRequest del =
+		HISTD__V1__DELETE_SESSION_REQUEST__INIT;
+
+	del.session_id = "remade";
+	assert_int_equal(ut_call(HISTD_M_DELETE_SESSION, &del.base, NULL, NULL),
+			 0);
+	assert_int_equal(ut_create("remade", remade_pl), 0);
+	tagged_turns("remade", "Second");
+}
+
+/* The summary of the first conversation is not stored on the second,
+ * though it has as many messages: its CONTEXT view is its own. */
+static void
+a_reduce_of_a_session_made_again_meanwhile_stores_nothing(void **state)
+{
+	Histd__V1__ReduceResponse *rr;
+	Histd__V1__GetMessagesResponse *g;
+
+	(void)state;
+	assert_int_equal(ut_create("remade", remade_pl), 0);
+	tagged_turns("remade", "First");
+	in_call = remake;
+	assert_int_equal(reduce("remade", &rr), 0);
+	assert_null(rr->summary);
+	ut_free_msg(rr);
+	assert_null(in_call);
+	g = get("remade", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_null(g->summary);
+	assert_int_equal(g->n_messages, 12);
+	assert_non_null(strstr(tc_text_of(g->messages[0]),
+			       "Second question 0."));
+	ut_free_msg(g);
+}
+
+/* The first conversation's failed compaction is the caller's error, and
+ * not reported to the second one's subscribers. */
+static void
+a_failed_reduce_of_a_session_made_again_meanwhile_is_not_reported(void **state)
+{
+	Histd__V1__ReduceResponse *rr;
+
+	(void)state;
+	assert_int_equal(ut_create("remade", remade_pl), 0);
+	tagged_turns("remade", "First");
+	fail_left = 1;
+	in_call = remake;
+	assert_int_equal(reduce("remade", &rr), HISTD_EUNAVAILABLE);
+	assert_null(in_call);
+	assert_int_equal(sink_calls, 0);
+	/* A failure of the session that is there now is reported. */
+	fail_left = 1;
+	assert_int_equal(reduce("remade", &rr), HISTD_EUNAVAILABLE);
+	assert_int_equal(sink_calls, 1);
 }
 
 static void
@@ -1262,6 +1337,12 @@ main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_bad_pipeline_is_invalid_argument_at_create_and_update,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_reduce_of_a_session_made_again_meanwhile_stores_nothing,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_failed_reduce_of_a_session_made_again_meanwhile_is_not_reported,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_failed_reduce_leaves_history_unchanged_and_is_reported,

@@ -224,12 +224,14 @@ static char sink_msg[512];
 
 static void
 sink(void *arg, const char *tenant, const char *sid, uint64_t revision,
-     const char *plugin, const char *message, int will_retry)
+     uint64_t incarnation, const char *plugin, const char *message,
+     int will_retry)
 {
 	(void)arg;
 	(void)tenant;
 	(void)sid;
 	(void)revision;
+	(void)incarnation;
 	(void)will_retry;
 	pthread_mutex_lock(&shim_lock);
 	sink_calls++;
