@@ -110,12 +110,13 @@ typedef struct histd_session {
 	uint64_t first_seq;     /* oldest stored seq; 0 when none */
 	uint64_t summary_count;
 	/*
-	 * Which life of the id this is: differs between a session and one
-	 * created again under its id after a delete, and stays the same
-	 * through every change in between. Opaque; stable while the driver
-	 * is open (not necessarily across a restart). 0: the driver does not
+	 * Which life of the id this is: greater for a session created again
+	 * under its id after a delete than for every earlier life, and the
+	 * same through every change in between. Stable while the driver is
+	 * open (not necessarily across a restart). 0: the driver does not
 	 * tell. Subscribe keeps a stream to the life it read, so that an
-	 * earlier life's late changes never reach it.
+	 * earlier life's late changes never reach it; the embedder stores no
+	 * vector computed for an earlier life.
 	 */
 	uint64_t incarnation;
 } histd_session;

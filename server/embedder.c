@@ -24,18 +24,23 @@
 typedef struct job {
 	struct job *next;
 	char *tenant, *id;
+	uint64_t life;          /* the session's incarnation */
 	uint64_t first, last;   /* backfill: from the mark to the last seq */
 	int backfill;
+	int stale;              /* the session is another life now */
 	uint32_t attempts;
 	int64_t not_before_us;
 } job;
 
 /* Per session: every message with seq <= mark has its vector (or is
  * gone). emb: "provider\x1fmodel" the mark is for. none: the session has
- * no usable embeddings (its appends are not queued until it changes). */
+ * no usable embeddings (its appends are not queued until it changes).
+ * life: the session's incarnation the mark is of (0: none yet). A later
+ * life of the id always has a greater incarnation (driver.h). */
 typedef struct mark {
 	struct mark *next;
 	char *key;              /* tenant \x1f id */
+	uint64_t life;
 	char *emb;
 	uint64_t mark;
 	int backfill_queued;
@@ -179,6 +184,31 @@ mark_drop(histd_embedder *e, const char *tenant, const char *id)
 		}
 }
 
+/* m as the mark of the session's life `life`, nothing embedded yet. */
+static void
+mark_reset(mark *m, uint64_t life)
+{
+	m->life = life;
+	m->mark = 0;
+	m->none = 0;
+	m->backfill_queued = 0;
+	free(m->emb);
+	m->emb = NULL;
+}
+
+/* The mark of j's life: m, reset first if it is of an earlier life; NULL
+ * if it is of a later one (j is late). */
+static mark *
+mark_for(mark *m, const job *j)
+{
+	if (!m || m->life == j->life)
+		return m;
+	if (m->life > j->life)
+		return NULL;
+	mark_reset(m, j->life);
+	return m;
+}
+
 /* ---------------------------------------------------------------------- */
 /* The queue (under mu)                                                    */
 
@@ -219,10 +249,11 @@ count_drop(histd_embedder *e)
 	}
 }
 
-/* Queues a job for messages first..last (backfill: the mark onwards). */
+/* Queues a job for messages first..last of the session's life `life`
+ * (backfill: the mark onwards). */
 static void
-enqueue(histd_embedder *e, const char *tenant, const char *id, uint64_t first,
-	uint64_t last, int backfill)
+enqueue(histd_embedder *e, const char *tenant, const char *id, uint64_t life,
+	uint64_t first, uint64_t last, int backfill)
 {
 	job *j;
 
@@ -230,6 +261,7 @@ enqueue(histd_embedder *e, const char *tenant, const char *id, uint64_t first,
 		return;
 	/* An append right after another to the same session: one job. */
 	if (!backfill && e->tail && !e->tail->backfill && !e->tail->attempts &&
+	    e->tail->life == life &&
 	    e->tail->last + 1 == first && strcmp(e->tail->id, id) == 0 &&
 	    strcmp(e->tail->tenant, tenant) == 0) {
 		e->tail->last = last;
@@ -245,6 +277,7 @@ enqueue(histd_embedder *e, const char *tenant, const char *id, uint64_t first,
 		count_drop(e);
 		return;
 	}
+	j->life = life;
 	j->first = first;
 	j->last = last;
 	j->backfill = backfill;
@@ -380,9 +413,25 @@ count_call(const char *provider, int rc)
 				  "result.", labels, 1);
 }
 
-/* Embeds and stores texts[0..n) of seqs[]: 0 or the provider's error. */
+/* 0 with j->stale set when the session is no longer the life j is for
+ * (deleted, perhaps created again under its id with other messages at
+ * the same seqs); else 0, or the error reading it. */
 static int
-embed_batch(histd_embedder *e, const job *j, const embed_target *t,
+check_life(histd_embedder *e, job *j)
+{
+	histd_session *s = NULL;
+	int rc = histd_driver_session_get(e->d, j->tenant, j->id, &s);
+
+	if (rc == HISTD_ENOTFOUND || (rc == 0 && s->incarnation != j->life))
+		j->stale = 1;
+	histd_session_free(s);
+	return rc == HISTD_ENOTFOUND ? 0 : rc;
+}
+
+/* Embeds and stores texts[0..n) of seqs[]: 0 (j->stale: nothing stored,
+ * the session is another life now) or the provider's error. */
+static int
+embed_batch(histd_embedder *e, job *j, const embed_target *t,
 	    char **texts, const uint64_t *seqs, size_t n)
 {
 	float *v = NULL;
@@ -394,6 +443,12 @@ embed_batch(histd_embedder *e, const job *j, const embed_target *t,
 	count_call(t->provider, rc);
 	if (rc)
 		return rc;
+	/* The texts were read before the provider's answer: if the
+	 * session was deleted meanwhile, its vectors go nowhere. */
+	if ((rc = check_life(e, j)) || j->stale) {
+		free(v);
+		return rc;
+	}
 	for (size_t i = 0; i < n; i++) {
 		rc = histd_driver_embedding_put(e->d, j->tenant, j->id, seqs[i],
 						t->model, v + i * dim, dim);
@@ -430,8 +485,19 @@ run_job(histd_embedder *e, job *j, char **emb_out, int *none)
 	uint64_t *seqs = NULL, after, last = 0;
 	int rc, has;
 
-	if ((rc = histd_driver_session_get(e->d, j->tenant, j->id, &s)))
+	if ((rc = histd_driver_session_get(e->d, j->tenant, j->id, &s))) {
+		if (rc == HISTD_ENOTFOUND)
+			j->stale = 1;
 		return rc == HISTD_ENOTFOUND ? 0 : rc;
+	}
+	/* Queued for a life deleted since: the messages now under these
+	 * seqs are another conversation's, queued on their own. */
+	if (j->life && s->incarnation != j->life) {
+		j->stale = 1;
+		histd_session_free(s);
+		return 0;
+	}
+	j->life = s->incarnation;
 	if ((has = histd_search_session_embedding(s->config, s->config_len,
 						  &cfg, &prov, &model)) < 0) {
 		rc = has;
@@ -457,7 +523,7 @@ run_job(histd_embedder *e, job *j, char **emb_out, int *none)
 		rc = enomem();
 		goto out;
 	}
-	while (after < last && rc == 0) {
+	while (after < last && rc == 0 && !j->stale) {
 		histd_read q = { .tenant = j->tenant, .session_id = j->id,
 				 .after_seq = after, .limit = e->cfg.batch };
 		histd_read_result res = { 0 };
@@ -496,7 +562,7 @@ out:
 	if (cfg)
 		histd__v1__session_config__free_unpacked(cfg, NULL);
 	histd_session_free(s);
-	if (rc == 0 && t.client)
+	if (rc == 0 && t.client && !j->stale)
 		j->last = last;
 	else if (rc == 0)
 		j->last = 0;    /* nothing embedded: the mark stays */
@@ -522,7 +588,7 @@ skip_embedded(histd_embedder *e, job *j)
 {
 	mark *m = mark_find(e, j->tenant, j->id, 0);
 
-	if (!m || m->mark < j->first)
+	if (!m || m->life != j->life || m->mark < j->first)
 		return 0;
 	j->first = m->mark + 1;
 	return !j->backfill && j->first > j->last;
@@ -550,9 +616,17 @@ worker_main(void *arg)
 		pthread_mutex_unlock(&e->mu);
 		rc = run_job(e, j, &emb, &none);
 		pthread_mutex_lock(&e->mu);
-		if (j->backfill || rc == 0) {
-			mark *m = mark_find(e, j->tenant, j->id,
-					    rc == 0 && (j->last || none));
+		if (j->stale) {
+			/* Nothing of it was stored; a later life's mark is
+			 * not its own. */
+			mark *m = mark_find(e, j->tenant, j->id, 0);
+
+			if (m && m->life == j->life && j->backfill)
+				m->backfill_queued = 0;
+		} else if (j->backfill || rc == 0) {
+			mark *m = mark_for(mark_find(e, j->tenant, j->id,
+						     rc == 0 && (j->last || none)),
+					   j);
 
 			if (m && j->backfill)
 				m->backfill_queued = 0;
@@ -628,8 +702,9 @@ histd_embedder_notify(void *arg, const histd_change *c)
 			return;
 		pthread_mutex_lock(&e->mu);
 		m = mark_find(e, c->tenant, c->session_id, 0);
-		if (!m || !m->none)
-			enqueue(e, c->tenant, c->session_id, c->records[0].seq,
+		if (!m || !m->none || m->life != c->incarnation)
+			enqueue(e, c->tenant, c->session_id, c->incarnation,
+				c->records[0].seq,
 				c->records[c->n_records - 1].seq, 0);
 		pthread_mutex_unlock(&e->mu);
 		return;
@@ -677,17 +752,20 @@ histd_embedder_notify(void *arg, const histd_change *c)
 }
 
 static void
-s_backfill(void *ctx, const char *tenant, const char *id, uint64_t last_seq)
+s_backfill(void *ctx, const char *tenant, const char *id, uint64_t last_seq,
+	   uint64_t life)
 {
 	histd_embedder *e = ctx;
+	const job of = { .life = life };
 	mark *m;
 
 	pthread_mutex_lock(&e->mu);
-	m = mark_find(e, tenant, id, 1);
+	/* A search that read an earlier life than the mark's asks nothing. */
+	m = mark_for(mark_find(e, tenant, id, 1), &of);
 	if (m && !m->none && m->mark < last_seq && !m->backfill_queued &&
 	    !e->stopping && e->waiting < e->cfg.queue_max) {
 		m->backfill_queued = 1;
-		enqueue(e, tenant, id, m->mark + 1, last_seq, 1);
+		enqueue(e, tenant, id, life, m->mark + 1, last_seq, 1);
 	}
 	pthread_mutex_unlock(&e->mu);
 }

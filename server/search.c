@@ -202,6 +202,7 @@ typedef struct sess_emb {
 	char *provider;         /* NULL: no embeddings */
 	char *model;
 	uint64_t last_seq;
+	uint64_t life;          /* histd_session.incarnation */
 } sess_emb;
 
 typedef struct scope {
@@ -250,6 +251,7 @@ scope_add(scope *s, const histd_session *x)
 		histd__v1__session_config__free_unpacked(cfg, NULL);
 	e.id = strdup(x->id);
 	e.last_seq = x->last_seq;
+	e.life = x->incarnation;
 	if (!e.id || (has && (!e.provider || !e.model))) {
 		free(e.id);
 		free(e.provider);
@@ -360,7 +362,8 @@ semantic(histd_driver *d, const histd_search_query *base, int64_t deadline_us,
 				 * get their vectors now, off this call. */
 				if (e->backfill)
 					e->backfill(e->ctx, base->tenant,
-						    sc->v[j].id, sc->v[j].last_seq);
+						    sc->v[j].id, sc->v[j].last_seq,
+						    sc->v[j].life);
 			}
 		/* A caller that has gone is not worth a provider call (and
 		 * one that went during it, not worth a fallback search). */

@@ -48,11 +48,12 @@ typedef struct histd_search_embedder {
 	const char *default_model;
 	void *ctx;
 	/* Optional: told of every session a semantic or hybrid search
-	 * covers by meaning, with its last seq, so that messages stored
-	 * without a vector get one later (lazy backfill). Called from
-	 * handler threads; must not block. */
+	 * covers by meaning, with its last seq and its life
+	 * (histd_session.incarnation), so that messages stored without a
+	 * vector get one later (lazy backfill). Called from handler
+	 * threads; must not block. */
 	void (*backfill)(void *ctx, const char *tenant, const char *session_id,
-			 uint64_t last_seq);
+			 uint64_t last_seq, uint64_t life);
 } histd_search_embedder;
 
 /* Sets the process's embedder (NULL: none, every semantic search falls

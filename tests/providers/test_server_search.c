@@ -10,8 +10,10 @@
  * lexical_fallback_sessions; embeddings are computed off the request
  * path (an Append returns at once while the provider takes 2 s); a
  * session that asks for embeddings late is backfilled by a semantic
- * search, and a backfill sends no message the appends' job embedded; the
- * file driver keeps vectors across a restart.
+ * search, and a backfill sends no message the appends' job embedded; a
+ * vector computed for a session deleted meanwhile is not stored on the
+ * one created again under its id; the file driver keeps vectors across
+ * a restart.
  *
  * argv[1] is the histd binary (the integration harness, harness.h).
  */
@@ -563,6 +565,44 @@ a_backfill_embeds_nothing_the_appends_did(void **state)
 	ta_free(a);
 }
 
+/* The session is deleted and created again under its id, with other
+ * messages at the same seqs, while the provider embeds the first one's
+ * first message: that vector is not stored on the second session, and
+ * the second session's messages all get their own. */
+static void
+vectors_of_a_deleted_session_do_not_land_on_the_one_made_again(void **state)
+{
+	Histd__V1__DeleteSessionRequest *d;
+	ProtobufCMessage *out = NULL;
+	tarena *a = ta_new();
+	histd_status st = { 0 };
+	unsigned before = stub_requests(provider);
+
+	(void)state;
+	create(a, "again", "openai", "");
+	/* The first embedding call: 2 s, long enough for what follows. */
+	stub_push(provider, (stub_reply){ .retry_after = -1, .delay_ms = 2000 });
+	append_each(a, "again", code, N(code));
+	for (int i = 0; i < 400 && stub_requests(provider) < before + 1; i++)
+		usleep(10 * 1000);
+	assert_true(stub_requests(provider) >= before + 1);
+	d = ta_alloc(a, sizeof(*d));
+	histd__v1__delete_session_request__init(d);
+	d->session_id = ta_strdup(a, "again");
+	t_call(client, "DeleteSession", d,
+	       &histd__v1__delete_session_response__descriptor, &out, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_status_reset(&st);
+	histd_client_message_free(out);
+	create(a, "again", "openai", "");
+	append_each(a, "again", cooking_texts, N(code));
+	wait_vectors(a, "again", cooking_texts, N(code));
+	/* Seq 1's vector is the bread question's, not the crash's. */
+	expect_top_k(a, "again", cooking_texts, N(code),
+		     "sourdough bread oven", 2);
+	ta_free(a);
+}
+
 /* A semantic search of the session that the provider's next answer
  * sends back to words: LEXICAL, the session its one fallback, hits. */
 static void
@@ -743,6 +783,7 @@ main(int argc, char **argv)
 		M(appends_do_not_wait_for_the_provider),
 		M(late_embeddings_are_backfilled_by_a_semantic_search),
 		M(a_backfill_embeds_nothing_the_appends_did),
+		M(vectors_of_a_deleted_session_do_not_land_on_the_one_made_again),
 		M(a_refused_query_embedding_falls_back_to_words),
 		M(a_degenerate_query_vector_falls_back_to_words),
 		M(a_session_that_opts_out_of_embeddings_falls_back_to_words),
@@ -753,6 +794,7 @@ main(int argc, char **argv)
 		F(semantic_finds_known_nearest_neighbours_per_provider),
 		F(semantic_lists_sessions_without_embeddings_as_fallback),
 		F(appends_do_not_wait_for_the_provider),
+		F(vectors_of_a_deleted_session_do_not_land_on_the_one_made_again),
 		F(vectors_survive_a_restart_of_the_file_driver),
 	};
 
