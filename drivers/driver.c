@@ -429,6 +429,29 @@ histd_driver_session_delete(histd_driver *d, const char *tenant,
 }
 
 int
+histd_driver_session_delete_life(histd_driver *d, const char *tenant,
+				 const char *id, uint64_t expected_revision,
+				 uint64_t incarnation,
+				 uint64_t *current_revision)
+{
+	uint64_t cur = 0;
+	int rc;
+
+	if (d->version < 5 || !d->session_delete_life)
+		return histd_driver_session_delete(d, tenant, id,
+						   expected_revision,
+						   current_revision);
+	if ((rc = check_names(d, tenant, id)))
+		return rc;
+	rc = OBSERVED("session_delete",
+		      d->session_delete_life(d, tenant, id, expected_revision,
+					     incarnation, &cur));
+	if (rc == HISTD_ECONFLICT && current_revision)
+		*current_revision = cur;
+	return rc;
+}
+
+int
 histd_driver_session_fork(histd_driver *d, const char *tenant,
 			  const char *source_id, uint64_t up_to_seq,
 			  const histd_session *in, histd_session **out)

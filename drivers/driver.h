@@ -57,8 +57,9 @@
 /* 2 added search and embedding_put (optional). A version 1 driver stays
  * valid: its search wrappers answer EUNIMPL. 3 added truncate (optional),
  * 4 tenant_list (required from 4; an older driver's wrapper answers
- * EUNIMPL, and session TTL refuses it). */
-#define HISTD_DRIVER_VERSION 4
+ * EUNIMPL, and session TTL refuses it), 5 session_delete_life
+ * (optional; its wrapper falls back to session_delete). */
+#define HISTD_DRIVER_VERSION 5
 
 /* ---------------------------------------------------------------------- */
 /* Values passed to and from drivers                                       */
@@ -624,6 +625,20 @@ struct histd_driver {
 	 * is how the session TTL sweeper finds what to sweep. */
 	int (*tenant_list)(histd_driver *d, const char *after, uint32_t limit,
 			   histd_tenant_list *out);
+
+	/* --- version 5 --- */
+
+	/* Optional. session_delete of one life of the session: when the
+	 * session under the id is not the life `incarnation`
+	 * (histd_session.incarnation; it was deleted and created again since
+	 * that was read), ENOTFOUND and nothing changes. The session TTL
+	 * sweeper deletes with it, so that a session created again after the
+	 * sweeper listed the idle one is never taken for it, even at the
+	 * same revision. */
+	int (*session_delete_life)(histd_driver *d, const char *tenant,
+				   const char *id, uint64_t expected_revision,
+				   uint64_t incarnation,
+				   uint64_t *current_revision);
 };
 
 /* Driver options from the configuration. Each driver reads its own. */
@@ -696,6 +711,11 @@ int histd_driver_session_update(histd_driver *d, const char *tenant,
 int histd_driver_session_delete(histd_driver *d, const char *tenant,
 				const char *id, uint64_t expected_revision,
 				uint64_t *current_revision);
+/* session_delete_life; a driver without it deletes by revision alone. */
+int histd_driver_session_delete_life(histd_driver *d, const char *tenant,
+				     const char *id, uint64_t expected_revision,
+				     uint64_t incarnation,
+				     uint64_t *current_revision);
 int histd_driver_session_fork(histd_driver *d, const char *tenant,
 			      const char *source_id, uint64_t up_to_seq,
 			      const histd_session *in, histd_session **out);

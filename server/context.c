@@ -2084,9 +2084,14 @@ sweep_tenant(histd_context *x, const char *tenant, int64_t cutoff)
 
 			if (last_activity(x, sr) >= cutoff)
 				continue;
-			if (!histd_driver_session_delete(x->d, sr->tenant,
-							 sr->id, sr->revision,
-							 &cur)) {
+			/* At the revision and life it saw: a session
+			 * written, or deleted and created again, since is
+			 * not the idle one. */
+			if (!histd_driver_session_delete_life(x->d, sr->tenant,
+							      sr->id,
+							      sr->revision,
+							      sr->incarnation,
+							      &cur)) {
 				deleted++;
 				histd_log(HISTD_LOG_INFO, "session expired",
 					  "session", sr->id, NULL);

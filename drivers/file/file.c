@@ -631,8 +631,9 @@ record_plain(hf_driver *d, uint8_t type, enum histd_change_kind kind,
 }
 
 static int
-fd_session_delete(histd_driver *dd, const char *tenant, const char *id,
-		  uint64_t expected_revision, uint64_t *current_revision)
+fd_session_delete_life(histd_driver *dd, const char *tenant, const char *id,
+		       uint64_t expected_revision, uint64_t incarnation,
+		       uint64_t *current_revision)
 {
 	hf_driver *d = (hf_driver *)dd;
 	hf_note *nt;
@@ -640,14 +641,26 @@ fd_session_delete(histd_driver *dd, const char *tenant, const char *id,
 	int rc;
 
 	if ((rc = lock_session(d, tenant, id, expected_revision,
-			       current_revision, &s)) ||
-	    (rc = record_plain(d, HF_T_DELETE, HISTD_CHANGE_DELETED, tenant, id,
+			       current_revision, &s)))
+		return rc;
+	if (incarnation && s->incarnation != incarnation)
+		return settle(d, s->lsn, histd_error_set(HISTD_ENOTFOUND,
+			"session not found (it was deleted and created again)"));
+	if ((rc = record_plain(d, HF_T_DELETE, HISTD_CHANGE_DELETED, tenant, id,
 			       s, 0, &nt)))
 		return rc;
 	hf_index_forget(s);
 	hf_session_remove(d, s);
 	hf_session_destroy(d, s);
 	return commit(d, NULL, NULL, 0, NULL);
+}
+
+static int
+fd_session_delete(histd_driver *dd, const char *tenant, const char *id,
+		  uint64_t expected_revision, uint64_t *current_revision)
+{
+	return fd_session_delete_life(dd, tenant, id, expected_revision, 0,
+				      current_revision);
 }
 
 static int
@@ -1464,6 +1477,7 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 		.embedding_put = fd_embedding_put,
 		.truncate = fd_truncate,
 		.tenant_list = fd_tenant_list,
+		.session_delete_life = fd_session_delete_life,
 	};
 	d->max_sessions = cfg->max_sessions_per_tenant;
 	d->max_msgs = cfg->max_session_messages;

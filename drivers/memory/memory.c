@@ -1449,8 +1449,9 @@ out:
 }
 
 static int
-mem_session_delete(histd_driver *d, const char *tenant, const char *id,
-		   uint64_t expected_revision, uint64_t *current_revision)
+mem_session_delete_life(histd_driver *d, const char *tenant, const char *id,
+			uint64_t expected_revision, uint64_t incarnation,
+			uint64_t *current_revision)
 {
 	mem_driver *m = (mem_driver *)d;
 	mem_tenant *t;
@@ -1459,6 +1460,11 @@ mem_session_delete(histd_driver *d, const char *tenant, const char *id,
 
 	if ((rc = session_open(m, tenant, id, &s)))
 		return rc;
+	if (incarnation && s->incarnation != incarnation) {
+		session_close(s);
+		return histd_error_set(HISTD_ENOTFOUND, "session not found "
+				       "(it was deleted and created again)");
+	}
 	if ((rc = check_revision(s, expected_revision, current_revision))) {
 		session_close(s);
 		return rc;
@@ -1482,6 +1488,14 @@ mem_session_delete(histd_driver *d, const char *tenant, const char *id,
 	notify(m, s, tenant, HISTD_CHANGE_DELETED, NULL, 0, NULL);
 	session_close(s);
 	return 0;
+}
+
+static int
+mem_session_delete(histd_driver *d, const char *tenant, const char *id,
+		   uint64_t expected_revision, uint64_t *current_revision)
+{
+	return mem_session_delete_life(d, tenant, id, expected_revision, 0,
+				       current_revision);
 }
 
 static int
@@ -2467,6 +2481,7 @@ histd_memory_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.embedding_put = mem_embedding_put,
 		.truncate = mem_truncate,
 		.tenant_list = mem_tenant_list,
+		.session_delete_life = mem_session_delete_life,
 	};
 	m->seed = random_seed();
 	htab_init(&m->tenants, tenant_key, m->seed);

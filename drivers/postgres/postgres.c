@@ -652,6 +652,7 @@ struct delete_arg {
 	uint64_t expected;
 	locked l;
 	uint64_t current;
+	uint64_t life;          /* 0: any */
 };
 
 static int
@@ -665,18 +666,24 @@ delete_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 			  retry);
 	if (rc)
 		return rc;
+	/* The sid is the life (pg_row_session). */
+	if (a->life && (uint64_t)a->l.sid != a->life)
+		return histd_error_set(HISTD_ENOTFOUND, "session not found "
+				       "(it was deleted and created again)");
 	pg_p_i64(&p, a->l.sid);
 	return write_commit(d, c, ST_SESSION_DELETE, &p, HISTD_CHANGE_DELETED,
 			    a->l.revision + 1, a->l.sid, NULL, retry, commit_sent);
 }
 
 static int
-pg_session_delete(histd_driver *drv, const char *tenant, const char *id,
-		  uint64_t expected_revision, uint64_t *current_revision)
+pg_session_delete_life(histd_driver *drv, const char *tenant, const char *id,
+		       uint64_t expected_revision, uint64_t incarnation,
+		       uint64_t *current_revision)
 {
 	pg_driver *d = (pg_driver *)drv;
 	struct delete_arg a = { .tenant = tenant, .id = id,
-				.expected = expected_revision };
+				.expected = expected_revision,
+				.life = incarnation };
 	int unknown = 0;
 	int rc = pg_txn(d, delete_body, &a, &unknown);
 
@@ -694,6 +701,14 @@ pg_session_delete(histd_driver *drv, const char *tenant, const char *id,
 		pg_watch_unknown(d, a.l.sid, tenant, id);
 	}
 	return rc;
+}
+
+static int
+pg_session_delete(histd_driver *drv, const char *tenant, const char *id,
+		  uint64_t expected_revision, uint64_t *current_revision)
+{
+	return pg_session_delete_life(drv, tenant, id, expected_revision, 0,
+				      current_revision);
 }
 
 struct fork_arg {
@@ -1315,7 +1330,7 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 	if (!d)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	d->base = (histd_driver){
-		.version = 4,
+		.version = 5,
 		.name = "postgres",
 		.session_create = pg_session_create,
 		.session_get = pg_session_get,
@@ -1338,6 +1353,7 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.embedding_put = pg_embedding_put,
 		.truncate = pg_truncate,
 		.tenant_list = pg_tenant_list,
+		.session_delete_life = pg_session_delete_life,
 	};
 	/* Every replica must be given the same limits: each enforces its
 	 * own (README, "PostgreSQL"). */

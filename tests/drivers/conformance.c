@@ -1813,6 +1813,41 @@ static void session_delete_removes_the_session_and_everything_in_it(void **state
 	tmsgs_free(m, 3);
 }
 
+/* A delete of one life (what the TTL sweeper does) leaves a session
+ * created again under the id alone, even at the same revision: ENOTFOUND
+ * and nothing changed; the life that is there is deleted. */
+static void delete_of_an_earlier_life_leaves_the_new_one(void **state)
+{
+	ctest *t = *state;
+	histd_session *s;
+	uint64_t first, second, cur = 0;
+
+	if (t->d->version < 5 || !t->d->session_delete_life)
+		skip();
+	create_ok(t, TA, "s1");
+	s = get_ok(t, TA, "s1");
+	first = s->incarnation;
+	histd_session_free(s);
+	expect_ok(histd_driver_session_delete(t->d, TA, "s1", 0, &cur));
+	create_ok(t, TA, "s1");
+	s = get_ok(t, TA, "s1");
+	second = s->incarnation;
+	expect_eq(s->revision, 1, "revision of the session created again");
+	histd_session_free(s);
+
+	/* The first life was at revision 1 too. */
+	expect_err(HISTD_ENOTFOUND,
+		   histd_driver_session_delete_life(t->d, TA, "s1", 1, first,
+						    &cur));
+	s = get_ok(t, TA, "s1");
+	expect_eq(s->incarnation, second, "incarnation after the refused delete");
+	expect_eq(s->revision, 1, "revision after the refused delete");
+	histd_session_free(s);
+	expect_ok(histd_driver_session_delete_life(t->d, TA, "s1", 1, second,
+						   &cur));
+	expect_err(HISTD_ENOTFOUND, histd_driver_session_get(t->d, TA, "s1", &s));
+}
+
 /* A session deleted and created again under its id is another life: its
  * incarnation is greater, stays the same through every change of one life,
  * and every change notice names the life it was made to (Subscribe drops
@@ -5132,6 +5167,7 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 		T(session_delete_removes_the_session_and_everything_in_it),
 		T(session_recreated_after_delete_starts_again_at_seq_1),
 		T(session_created_again_is_another_life),
+		T(delete_of_an_earlier_life_leaves_the_new_one),
 		T(session_delete_with_stale_expected_revision_is_conflict),
 
 		T(session_fork_copies_messages_up_to_seq_with_their_seqs),
