@@ -28,10 +28,11 @@
  *
  * Validation is strict: a member of the wrong type, a missing required
  * member, an unknown role or block type, bad base64, tool arguments that are
- * not JSON, nesting deeper than max_depth, a string longer than
- * max_string_bytes: EINVALID with a message that names the JSON path
- * ("messages[3].content[1].tool_use_id: expected a string") and never holds
- * conversation text. Members a format defines that histd does not model are
+ * not JSON, nesting deeper than max_depth: EINVALID with a message that
+ * names the JSON path ("messages[3].content[1].tool_use_id: expected a
+ * string") and never holds conversation text. The caller's limits
+ * (max_json_bytes, max_string_bytes, max_messages) answer ELIMIT, named
+ * the same way. Members a format defines that histd does not model are
  * kept (provider_state) rather than refused.
  *
  * Threads: every function is reentrant; nothing is shared.
@@ -54,8 +55,9 @@ struct histd_transcript;
 
 typedef struct histd_transcript_limits {
 	size_t max_json_bytes;    /* the whole body; default 64 MiB */
-	size_t max_string_bytes;  /* one JSON string (decoded); default 1 MiB,
-				   * the server's max_message_bytes */
+	size_t max_string_bytes;  /* one JSON string (decoded); default 1 MiB
+				   * (the server allows the base64 of its
+				   * max_message_bytes) */
 	size_t max_messages;      /* messages one import may produce; 1000 */
 	unsigned max_depth;       /* nesting of arrays and objects; 64 */
 	/* Optional (default NULL): what the body continues. A Gemini

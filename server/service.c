@@ -2431,7 +2431,9 @@ h_import(call *c, void *msg)
 	if ((rc = histd_check_session_id(r->session_id, "session_id")))
 		return rc;
 	histd_transcript_limits_default(&lim);
-	lim.max_string_bytes = c->s->cfg.max_message_bytes;
+	/* A string may be the base64 of bytes that fit a stored message;
+	 * the message itself is checked as Append checks it. */
+	lim.max_string_bytes = (size_t)c->s->cfg.max_message_bytes / 3 * 4 + 4;
 	lim.max_messages = c->s->cfg.max_messages_per_append;
 	rc = histd_transcript_import(c->s->d, c->tenant, r, &lim, &t);
 	if (rc && (rc = import_retry(c, r, &lim, &t, rc)))

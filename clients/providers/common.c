@@ -211,7 +211,7 @@ histd_imp_idx(histd_imp *im, size_t i)
 }
 
 static int
-vfail(histd_imp *im, const char *key, const char *fmt, va_list ap)
+vfail(histd_imp *im, int code, const char *key, const char *fmt, va_list ap)
 {
 	char what[160];
 
@@ -220,10 +220,10 @@ vfail(histd_imp *im, const char *key, const char *fmt, va_list ap)
 		char k[HISTD_PATH_MAX];
 
 		key_text(k, sizeof(k), key);
-		return histd_error_set(HISTD_EINVALID, "%s%s%s: %s", im->path,
+		return histd_error_set(code, "%s%s%s: %s", im->path,
 				       im->plen ? "." : "", k, what);
 	}
-	return histd_error_set(HISTD_EINVALID, "%s: %s",
+	return histd_error_set(code, "%s: %s",
 			       im->plen ? im->path : "(body)", what);
 }
 
@@ -234,7 +234,21 @@ histd_imp_fail(histd_imp *im, const char *fmt, ...)
 	int rc;
 
 	va_start(ap, fmt);
-	rc = vfail(im, NULL, fmt, ap);
+	rc = vfail(im, HISTD_EINVALID, NULL, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+/* histd_imp_fail for a configured limit (the caller's, not the format's):
+ * ELIMIT, as Append answers for the same limit. */
+static int
+imp_limit(histd_imp *im, const char *fmt, ...)
+{
+	va_list ap;
+	int rc;
+
+	va_start(ap, fmt);
+	rc = vfail(im, HISTD_ELIMIT, NULL, fmt, ap);
 	va_end(ap);
 	return rc;
 }
@@ -246,7 +260,7 @@ histd_imp_fail_at(histd_imp *im, const char *key, const char *fmt, ...)
 	int rc;
 
 	va_start(ap, fmt);
-	rc = vfail(im, key, fmt, ap);
+	rc = vfail(im, HISTD_EINVALID, key, fmt, ap);
 	va_end(ap);
 	return rc;
 }
@@ -385,8 +399,8 @@ histd_msg_new(histd_imp *im, Histd__V1__Role role, Histd__V1__Message **out)
 	Histd__V1__Message *m;
 
 	if (t->n_messages >= im->lim->max_messages)
-		return histd_imp_fail(im, "more than %zu messages",
-				      im->lim->max_messages);
+		return imp_limit(im, "more than %zu messages",
+				 im->lim->max_messages);
 	if (!(m = malloc(sizeof(*m))))
 		return enomem();
 	histd__v1__message__init(m);
@@ -1491,6 +1505,7 @@ check_value(histd_imp *im, json_t *v, unsigned depth)
 	const char *k;
 	json_t *e;
 	size_t i;
+	int rc;
 
 	switch (json_typeof(v)) {
 	case JSON_OBJECT:
@@ -1502,24 +1517,24 @@ check_value(histd_imp *im, json_t *v, unsigned depth)
 		if (json_is_object(v)) {
 			json_object_foreach(v, k, e) {
 				if (strlen(k) > im->lim->max_string_bytes)
-					return histd_imp_fail(im,
+					return imp_limit(im,
 						"a key is longer than %zu bytes",
 						im->lim->max_string_bytes);
-				if (check_value(im, e, depth + 1))
-					return HISTD_EINVALID;
+				if ((rc = check_value(im, e, depth + 1)))
+					return rc;
 			}
 		} else {
 			json_array_foreach(v, i, e)
-				if (check_value(im, e, depth + 1))
-					return HISTD_EINVALID;
+				if ((rc = check_value(im, e, depth + 1)))
+					return rc;
 		}
 		return 0;
 	case JSON_STRING:
 		if (json_string_length(v) > im->lim->max_string_bytes)
-			return histd_imp_fail(im, "a string is %zu bytes; the "
-					      "limit is %zu",
-					      json_string_length(v),
-					      im->lim->max_string_bytes);
+			return imp_limit(im, "a string is %zu bytes; the "
+					 "limit is %zu",
+					 json_string_length(v),
+					 im->lim->max_string_bytes);
 		return 0;
 	default:
 		return 0;
@@ -1534,18 +1549,19 @@ check_body(histd_imp *im, json_t *root)
 	const char *k;
 	json_t *v, *e;
 	size_t i, a, b;
+	int rc;
 
 	json_object_foreach(root, k, v) {
 		a = histd_imp_key(im, k);
 		if (json_is_array(v)) {
 			json_array_foreach(v, i, e) {
 				b = histd_imp_idx(im, i);
-				if (check_value(im, e, 2))
-					return HISTD_EINVALID;
+				if ((rc = check_value(im, e, 2)))
+					return rc;
 				histd_imp_pop(im, b);
 			}
-		} else if (check_value(im, v, 1)) {
-			return HISTD_EINVALID;
+		} else if ((rc = check_value(im, v, 1))) {
+			return rc;
 		}
 		histd_imp_pop(im, a);
 	}
@@ -1598,7 +1614,7 @@ histd_transcript_from_json(Histd__V1__Format format, const char *json,
 	if (!json || len == 0)
 		return histd_error_set(HISTD_EINVALID, "json is empty");
 	if (len > lim->max_json_bytes)
-		return histd_error_set(HISTD_EINVALID,
+		return histd_error_set(HISTD_ELIMIT,
 				       "json is %zu bytes; the limit is %zu",
 				       len, lim->max_json_bytes);
 	/* jansson refuses NUL in strings and invalid UTF-8 by default and

@@ -150,7 +150,7 @@ int histd_expect_obj(histd_imp *im, json_t *v);
 /* Building messages and blocks                                           */
 
 /* A new message of `role` appended to the transcript (*out borrowed: the
- * transcript owns it). 0, ENOMEM, or EINVALID when max_messages is
+ * transcript owns it). 0, ENOMEM, or ELIMIT when max_messages is
  * reached. */
 int histd_msg_new(histd_imp *im, Histd__V1__Role role,
 		  Histd__V1__Message **out);

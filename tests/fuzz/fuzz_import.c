@@ -89,8 +89,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			rc ? histd_error_message() : "", t.n_messages,
 			t.dropped.n);
 	if (rc) {
-		if (rc != HISTD_EINVALID)
-			fail("from_json answered neither 0 nor EINVALID", f, rc);
+		if (rc != HISTD_EINVALID && rc != HISTD_ELIMIT)
+			fail("from_json answered neither 0, EINVALID nor ELIMIT",
+			     f, rc);
 		if (t.n_messages || t.dropped.n)
 			fail("a refused import left messages or dropped lines", f, rc);
 		if (!histd_error_message()[0] ||

@@ -325,11 +325,11 @@ huge_strings_are_refused(void **state)
 	k = sprintf(big, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
 	memset(big + k, 'S', n);
 	strcpy(big + k + n, "\"}]}");
-	assert_int_equal(import(C, big, strlen(big), &lim), HISTD_EINVALID);
+	assert_int_equal(import(C, big, strlen(big), &lim), HISTD_ELIMIT);
 	assert_non_null(strstr(histd_error_message(), "messages[0]: a string "
 			       "is 2097152 bytes; the limit is 1048576"));
 	lim.max_json_bytes = 1000;
-	assert_int_equal(import(C, big, strlen(big), &lim), HISTD_EINVALID);
+	assert_int_equal(import(C, big, strlen(big), &lim), HISTD_ELIMIT);
 	assert_non_null(strstr(histd_error_message(), "json is"));
 	free(big);
 }
@@ -349,7 +349,7 @@ message_count_is_limited(void **state)
 		o += (size_t)sprintf(body + o, "%s{\"role\":\"user\","
 				     "\"content\":\"m\"}", i ? "," : "");
 	strcpy(body + o, "]}");
-	assert_int_equal(import(M, body, strlen(body), &lim), HISTD_EINVALID);
+	assert_int_equal(import(M, body, strlen(body), &lim), HISTD_ELIMIT);
 	assert_non_null(strstr(histd_error_message(), "messages[3]: more than "
 			       "3 messages"));
 }

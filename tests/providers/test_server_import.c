@@ -312,6 +312,92 @@ append_errors_say_where_the_message_begins_in_the_body(void **state)
 	}
 }
 
+/* A body of n Gemini turns: the user's text (a `fill` byte repeated
+ * text_len times, "hi" when 0), then, if image_len, one image of that
+ * many bytes (zeros, as base64). malloc'ed. */
+static char *
+gemini_body(size_t n, size_t text_len, char fill, size_t image_len)
+{
+	size_t b64 = (image_len + 2) / 3 * 4;
+	size_t cap = 64 + n * (64 + text_len) + b64 + 128, o;
+	char *s = malloc(cap);
+
+	assert_non_null(s);
+	o = (size_t)sprintf(s, "{\"contents\":[");
+	for (size_t i = 0; i < n; i++) {
+		o += (size_t)sprintf(s + o, "%s{\"role\":\"user\",\"parts\":"
+				     "[{\"text\":\"", i ? "," : "");
+		if (text_len) {
+			memset(s + o, fill, text_len);
+			o += text_len;
+		} else {
+			o += (size_t)sprintf(s + o, "hi");
+		}
+		o += (size_t)sprintf(s + o, "\"}");
+		if (image_len && i == n - 1) {
+			o += (size_t)sprintf(s + o, ",{\"inlineData\":{"
+					     "\"mimeType\":\"image/png\","
+					     "\"data\":\"");
+			memset(s + o, 'A', b64);
+			o += b64;
+			o += (size_t)sprintf(s + o, "\"}}");
+		}
+		o += (size_t)sprintf(s + o, "]}");
+	}
+	sprintf(s + o, "]}");
+	return s;
+}
+
+/* The limits Append answers RESOURCE_EXHAUSTED for are RESOURCE_EXHAUSTED
+ * on Import too, and change nothing: more messages than
+ * --max-messages-per-append (1000), a string too long to be the base64 of
+ * a stored message, a message over --max-stored-message-bytes (1 MiB).
+ * An image whose base64 is longer than 1 MiB but whose bytes fit is
+ * stored, as Append stores it. */
+static void
+limits_are_resource_exhausted_as_on_append(void **state)
+{
+	struct {
+		size_t n, text_len, image_len;
+		const char *says;
+	} over[] = {
+		{ 1001, 0, 0, "more than 1000 messages" },
+		{ 1, 1500000, 0, "a string is 1500000 bytes" },
+		{ 1, 1200000, 0, "bytes; the limit is 1048576 (histd" },
+	};
+	Histd__V1__GetMessagesResponse *raw;
+	char details[512];
+	char *body;
+
+	(void)state;
+	free(t_create_session(client, "limits"));
+	for (size_t i = 0; i < sizeof(over) / sizeof(over[0]); i++) {
+		body = gemini_body(over[i].n, over[i].text_len, 'w',
+				   over[i].image_len);
+		assert_int_equal(import_body(HISTD__V1__FORMAT__FORMAT_GEMINI,
+					     "limits", body, "", details,
+					     sizeof(details), NULL, NULL),
+				 GRPC_STATUS_RESOURCE_EXHAUSTED);
+		if (!strstr(details, over[i].says))
+			fail_msg("case %zu: \"%s\" does not say \"%s\"", i,
+				 details, over[i].says);
+		free(body);
+		raw = t_get_raw(client, "limits", 0, 10);
+		assert_int_equal(raw->n_messages, 0);
+		histd_client_message_free(&raw->base);
+	}
+	/* 900,000 bytes of image: 1,200,000 characters of base64. */
+	body = gemini_body(1, 0, 'w', 900000);
+	assert_int_equal(import_body(HISTD__V1__FORMAT__FORMAT_GEMINI, "limits",
+				     body, "", details, sizeof(details), NULL,
+				     NULL),
+			 GRPC_STATUS_OK);
+	free(body);
+	raw = t_get_raw(client, "limits", 0, 10);
+	assert_int_equal(raw->n_messages, 1);
+	histd_client_message_free(&raw->base);
+}
+
 static void
 an_unknown_session_stays_not_found(void **state)
 {
@@ -342,6 +428,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(
 			append_errors_say_where_the_message_begins_in_the_body),
 		cmocka_unit_test(an_unknown_session_stays_not_found),
+		cmocka_unit_test(limits_are_resource_exhausted_as_on_append),
 	};
 
 	if (harness_init(argc, argv))

@@ -482,7 +482,7 @@ keys_with_control_bytes_stay_on_one_line(void **state)
 	lim.max_string_bytes = 64;
 	assert_int_equal(histd_transcript_from_json(
 		HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES, long_body,
-		strlen(long_body), &lim, &t), HISTD_EINVALID);
+		strlen(long_body), &lim, &t), HISTD_ELIMIT);
 	assert_null(strchr(histd_error_message(), '\n'));
 	assert_non_null(strstr(histd_error_message(), "instructio\\x0as"));
 	histd_transcript_clear(&t);
