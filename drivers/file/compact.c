@@ -327,12 +327,17 @@ write_snapshot(hf_driver *d, capture *c, uint64_t gen, uint64_t *size)
 	return hf_sync_dir(d);
 }
 
+void (*hf_compact_test_hook)(hf_driver *d);
+
 /*
  * Under the write lock, after the snapshot is durable: points every message
  * still stored as captured at its copy in the snapshot's mapping, and lets
  * go of the old bytes (a mapping of an older file, or malloc'ed memory).
  * Messages stored since, or sessions cleared, deleted or recreated since,
  * are left alone: their records no longer hold the captured pointers.
+ * Both lists are in seq order, and a truncate since may have removed
+ * messages between those kept (system messages stay), so they are
+ * matched by seq, not by index.
  */
 static void
 repoint(hf_driver *d, const capture *c, uint64_t gen)
@@ -340,42 +345,57 @@ repoint(hf_driver *d, const capture *c, uint64_t gen)
 	char name[64];
 	struct stat st;
 	hf_mapping *map;
-	uint64_t moved = 0;
-	int fd;
+	int fd, err;
 
 	hf_snapshot_name(name, sizeof(name), gen);
 	fd = openat(d->dirfd, name, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	map = fd >= 0 && fstat(fd, &st) == 0
+		      ? hf_mapping_open(d, fd, (size_t)st.st_size) : NULL;
+	err = errno;
+	if (fd >= 0)
+		close(fd);
+	if (!map) {
+		/* Nothing is lost: the old files stay mapped until
+		 * restart, and hold their space until then. */
+		hf_log_line(d, HF_LOG_WARN, "file driver: cannot map the new "
+			    "snapshot; the old files keep their space until "
+			    "restart", "dir", d->dir, "error", strerror(err),
+			    NULL);
 		return;
-	map = fstat(fd, &st) == 0 ? hf_mapping_open(d, fd, (size_t)st.st_size) : NULL;
-	close(fd);
-	if (!map)
-		return;         /* the old files stay mapped until restart */
+	}
 	map->refs++;            /* pinned while filled */
 	for (size_t i = 0; i < c->n; i++) {
 		const cap_session *cs = &c->v[i];
 		hf_session *s;
-		size_t n;
+		size_t j = 0, k = 0;
 
 		if (!cs->offs)
 			continue;
 		s = hf_session_find(d, cs->rec->tenant, strlen(cs->rec->tenant),
 				    cs->rec->id, strlen(cs->rec->id));
-		n = s && s->n_msgs < cs->n_msgs ? s->n_msgs : cs->n_msgs;
-		for (size_t k = 0; s && k < n; k++) {
-			histd_record *r = &s->msgs[k];
+		while (s && j < s->n_msgs && k < cs->n_msgs) {
+			histd_record *r = &s->msgs[j];
 
-			if (r->data != cs->msgs[k].data || cs->offs[k] + r->len > map->len)
-				break;
-			hf_free_data(d, r->data, r->len);
-			r->data = map->base + cs->offs[k];
-			map->refs++;
-			moved++;
+			if (r->seq < cs->msgs[k].seq) {
+				j++;
+				continue;
+			}
+			if (r->seq > cs->msgs[k].seq) {
+				k++;
+				continue;
+			}
+			if (r->data == cs->msgs[k].data &&
+			    cs->offs[k] + r->len <= map->len) {
+				hf_free_data(d, r->data, r->len);
+				r->data = map->base + cs->offs[k];
+				map->refs++;
+			}
+			j++;
+			k++;
 		}
 	}
 	map->refs--;
 	hf_mapping_sweep(d);
-	(void)moved;
 }
 
 int
@@ -436,6 +456,8 @@ hf_compact(hf_driver *d, int force)
 	if (rc == 0 && hf_remove_before(d, gen))
 		hf_log_line(d, HF_LOG_WARN, "file driver: cannot remove obsolete files",
 			    "dir", d->dir, "error", histd_error_message(), NULL);
+	if (rc == 0 && hf_compact_test_hook)
+		hf_compact_test_hook(d);
 
 	pthread_rwlock_wrlock(&d->lock);
 	d->compacting = 0;

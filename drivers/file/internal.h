@@ -522,6 +522,10 @@ int hf_load(hf_driver *d, int *fd, uint64_t *gen, uint64_t *size);
 
 /* Compaction: now (force) or only above the garbage ratio. */
 int hf_compact(hf_driver *d, int force);
+/* Tests only (NULL in histd): called by a compaction once its snapshot is
+ * durable, without the driver's lock, before the messages are re-pointed
+ * at the snapshot; what it writes races the compaction. */
+extern void (*hf_compact_test_hook)(hf_driver *d);
 int hf_compact_wanted(hf_driver *d);
 /* The same from the current log's size, under the driver's lock. */
 int hf_compact_due(hf_driver *d, uint64_t log_bytes);

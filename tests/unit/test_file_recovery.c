@@ -513,6 +513,83 @@ state_survives_reopen_and_compaction(void **state)
 	free(dir);
 }
 
+/* A system message (role 1), then the text. */
+static void
+must_append_system(histd_driver *d, const char *tenant, const char *id,
+		   const char *text)
+{
+	uint8_t hash[HISTD_HASH_LEN] = { 0 };
+	msg m;
+	histd_msg_in in = msg_in(&m, text, NULL, NULL);
+	histd_append a = {
+		.tenant = tenant, .session_id = id, .request_hash = hash,
+		.now_us = 1700000000000000LL, .msgs = &in, .n_msgs = 1,
+	};
+	histd_append_result r;
+
+	snprintf(m.body, sizeof(m.body), "\x10\x01\x1a%c%s",
+		 (int)strlen(text), text);
+	in.len = strlen(m.body);
+	if (histd_driver_append(d, &a, &r))
+		fail_msg("append: %s", histd_error_message());
+}
+
+static histd_driver *racing;
+
+/* During the compaction: retention deletes the user message between the
+ * two system messages, so the kept ones move to lower indexes. */
+static void
+truncate_during_compaction(hf_driver *d)
+{
+	(void)d;
+	assert_int_equal(histd_driver_truncate(racing, "t1", "s", 2, 0, NULL,
+					       NULL), 0);
+}
+
+/* Loaded messages that a truncate moved while the snapshot was written
+ * still move to the snapshot: the old log is let go of, not kept mapped
+ * (and on disk) by the messages after the first one that moved. */
+static void
+compaction_repoints_messages_a_truncate_moved(void **state)
+{
+	static const uint64_t kept[] = { 1, 3, 4, 5 };
+	char *dir = tmpdir_new(), *before, *after;
+	histd_driver *d = must_open(dir);
+	histd_read q = { .tenant = "t1", .session_id = "s" };
+	histd_read_result res = { 0 };
+
+	(void)state;
+	create(d, "t1", "s", NULL, 0, NULL, 0);
+	must_append_system(d, "t1", "s", "first system");
+	must_append(d, "t1", "s", "a user message");
+	must_append_system(d, "t1", "s", "second system");
+	must_append(d, "t1", "s", "later 1");
+	must_append(d, "t1", "s", "later 2");
+	histd_driver_close(d);
+
+	d = racing = must_open(dir);
+	hf_compact_test_hook = truncate_during_compaction;
+	assert_int_equal(histd_file_driver_compact(d), 0);
+	hf_compact_test_hook = NULL;
+	assert_int_equal(histd_driver_read(d, &q, &res), 0);
+	assert_int_equal(res.records.n, 4);
+	for (size_t i = 0; i < 4; i++)
+		assert_int_equal(res.records.v[i].seq, kept[i]);
+	histd_read_result_clear(&res);
+	before = dump(d);
+	assert_int_equal(mapped_removed_files(dir), 0);
+	histd_driver_close(d);
+
+	d = must_open(dir);
+	after = dump(d);
+	assert_string_equal(before, after);
+	histd_driver_close(d);
+	free(before);
+	free(after);
+	rm_rf(dir);
+	free(dir);
+}
+
 static void
 compaction_reclaims_what_clear_and_delete_left(void **state)
 {
@@ -1645,6 +1722,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(state_survives_reopen_and_compaction),
 		cmocka_unit_test(compaction_reclaims_what_clear_and_delete_left),
+		cmocka_unit_test(compaction_repoints_messages_a_truncate_moved),
 		cmocka_unit_test_teardown(compaction_failing_at_open_still_opens,
 					  restore_fsize),
 		cmocka_unit_test_teardown(zeros_ending_a_log_before_the_last_are_refused,
