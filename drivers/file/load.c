@@ -881,6 +881,18 @@ verified_to(verifier *v, size_t off)
 	}
 }
 
+/* Stops the verifier, if it runs: before the file is cut, since it may
+ * be reading past the cut (pages beyond a file's end fault). */
+static void
+verifier_stop(verifier *v)
+{
+	if (v->started) {
+		atomic_store(&v->stop, 1);
+		pthread_join(v->th, NULL);
+		v->started = 0;
+	}
+}
+
 /*
  * Replays one file. last: the last log, whose torn tail is cut (and whose
  * torn header is rewritten). prev_size: the size of log-<gen - 1> if it
@@ -985,6 +997,7 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 					     "in zeros)");
 				goto out;
 			}
+			verifier_stop(&v);
 			if ((rc = cut_tail(&r, fd, off, size, HF_LOG_INFO,
 					   "file driver: cut the zeros prepared "
 					   "after the last record (histd had not "
@@ -1012,6 +1025,7 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 			rc = corrupt(&r, why);
 			goto out;
 		}
+		verifier_stop(&v);
 		if ((rc = cut_tail(&r, fd, off, size, HF_LOG_WARN, TORN)))
 			goto out;
 		size = off;
@@ -1023,10 +1037,7 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 	}
 	*size_out = size;
 out:
-	if (v.started) {
-		atomic_store(&v.stop, 1);
-		pthread_join(v.th, NULL);
-	}
+	verifier_stop(&v);
 	snap_finish(&r);
 	*version = r.version;
 	if (r.map)

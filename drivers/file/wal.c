@@ -200,18 +200,26 @@ gather(hf_wal *w)
 	w->st.gather_us += (uint64_t)(histd_mono_us() - t0);
 }
 
+/* The log failed: what, and why (one line). Every later write fails with
+ * it. */
 static int
-log_error(hf_wal *w, const char *what, int err)
+log_failed(hf_wal *w, const char *what, const char *why)
 {
 	char g[32];
 
 	snprintf(w->errmsg, sizeof(w->errmsg),
 		 "storage failed (%s: %s); writes are not acknowledged until histd restarts",
-		 what, strerror(err));
+		 what, why);
 	snprintf(g, sizeof(g), "%llu", (unsigned long long)w->gen);
 	hf_log_line(w->d, HF_LOG_ERROR, "file driver: log write failed", "dir", w->d->dir,
-		    "generation", g, "error", strerror(err), NULL);
+		    "generation", g, "error", why, NULL);
 	return -1;
+}
+
+static int
+log_error(hf_wal *w, const char *what, int err)
+{
+	return log_failed(w, what, strerror(err));
 }
 
 /* Writes n bytes at the log's end, first extending the zeros ahead of it
@@ -284,8 +292,8 @@ write_batch(hf_wal *w, const hf_buf *b, int rot, size_t rot_at,
 			return log_error(w, "fdatasync", errno);
 		(*syncs)++;
 		nfd = hf_log_create(w->d, rot_gen, w->pos);
-		if (nfd < 0)
-			return log_error(w, "create log", EIO);
+		if (nfd < 0)    /* its message says why: ENOSPC, EMFILE... */
+			return log_failed(w, "create log", histd_error_message());
 		close(w->fd);
 		w->fd = nfd;
 		w->gen = rot_gen;
