@@ -2341,14 +2341,17 @@ h_export(call *c, void *msg)
 	Histd__V1__GetMessagesRequest q = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
 	Histd__V1__GetMessagesResponse *view;
 	uint8_t *bytes = NULL;
-	size_t len = 0;
+	size_t len = 0, max = c->s->cfg.max_response_bytes;
 	int rc;
 
-	if ((rc = histd_check_session_id(r->session_id, "session_id")))
+	if ((rc = histd_check_session_id(r->session_id, "session_id")) ||
+	    (rc = histd_transcript_check_request(r)))
 		return rc;
-	if (r->view != HISTD__V1__VIEW__VIEW_CONTEXT)
-		return histd_transcript_export(c->s->d, c->tenant, r,
-					       &c->reply->data, &c->reply->len);
+	if (r->view != HISTD__V1__VIEW__VIEW_CONTEXT) {
+		rc = histd_transcript_export(c->s->d, c->tenant, r, max,
+					     &c->reply->data, &c->reply->len);
+		goto out;
+	}
 	q.session_id = r->session_id;
 	q.view = HISTD__V1__VIEW__VIEW_CONTEXT;
 	/* The whole view: an export is one body, not a page. */
@@ -2356,6 +2359,10 @@ h_export(call *c, void *msg)
 					     c->tenant, &q, UINT32_MAX,
 					     &bytes, &len)))
 		return rc;
+	if (len / 2 > max) {
+		free(bytes);
+		return histd_transcript_too_large(max * 2, 1, max);
+	}
 	view = histd__v1__get_messages_response__unpack(NULL, len, bytes);
 	free(bytes);
 	if (!view)
@@ -2365,6 +2372,14 @@ h_export(call *c, void *msg)
 					      view->n_messages, NULL,
 					      &c->reply->data, &c->reply->len);
 	histd__v1__get_messages_response__free_unpacked(view, NULL);
+out:
+	/* What clients take in one answer, as for a GetMessages page. */
+	if (rc == 0 && c->reply->len > max) {
+		rc = histd_transcript_too_large(c->reply->len, 0, max);
+		free(c->reply->data);
+		c->reply->data = NULL;
+		c->reply->len = 0;
+	}
 	return rc;
 }
 

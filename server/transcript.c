@@ -117,26 +117,46 @@ add_records(histd_transcript *t, const histd_read_result *res)
 }
 
 int
-histd_transcript_export(histd_driver *d, const char *tenant,
-			const Histd__V1__ExportRequest *req, uint8_t **out,
-			size_t *out_len)
+histd_transcript_check_request(const Histd__V1__ExportRequest *req)
 {
-	histd_transcript t = { 0 };
-	uint64_t after = 0;
-	int rc, more = 1;
+	int rc;
 
 	if ((rc = check_format(req->format)))
 		return rc;
 	switch (req->view) {
 	case HISTD__V1__VIEW__VIEW_UNSPECIFIED:
 	case HISTD__V1__VIEW__VIEW_RAW:
-	/* No context pipeline yet: CONTEXT is RAW, as in GetMessages. */
+	/* Without a context pipeline, CONTEXT is RAW, as in GetMessages. */
 	case HISTD__V1__VIEW__VIEW_CONTEXT:
-		break;
+		return 0;
 	default:
 		return histd_error_set(HISTD_EINVALID,
 				       "view is not a known View");
 	}
+}
+
+int
+histd_transcript_too_large(size_t bytes, int stored, size_t max_bytes)
+{
+	return histd_error_set(HISTD_ELIMIT, "%s %zu bytes; an Export answer "
+			       "is at most %zu (--max-response-bytes)",
+			       stored ? "the session's messages are over"
+				      : "the transcript is",
+			       bytes, max_bytes);
+}
+
+int
+histd_transcript_export(histd_driver *d, const char *tenant,
+			const Histd__V1__ExportRequest *req, size_t max_bytes,
+			uint8_t **out, size_t *out_len)
+{
+	histd_transcript t = { 0 };
+	uint64_t after = 0;
+	size_t stored = 0;
+	int rc, more = 1;
+
+	if ((rc = histd_transcript_check_request(req)))
+		return rc;
 	while (more && !rc) {
 		histd_read q = { .tenant = tenant,
 				 .session_id = req->session_id,
@@ -148,7 +168,15 @@ histd_transcript_export(histd_driver *d, const char *tenant,
 		more = res.has_more && res.records.n > 0;
 		if (res.records.n)
 			after = res.records.v[res.records.n - 1].seq;
-		rc = add_records(&t, &res);
+		for (size_t i = 0; i < res.records.n; i++)
+			stored += res.records.v[i].len;
+		/* JSON is rarely smaller than the stored bytes: twice the
+		 * limit will not fit, and is not read on. */
+		if (max_bytes && stored / 2 > max_bytes)
+			rc = histd_transcript_too_large(max_bytes * 2, 1,
+							max_bytes);
+		else
+			rc = add_records(&t, &res);
 		histd_read_result_clear(&res);
 	}
 	if (!rc)

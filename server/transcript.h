@@ -28,13 +28,23 @@
 /* clients/transcript.h: this header shares its name. */
 #include "../clients/transcript.h"
 
-/* Checks req->format and req->view (EINVALID naming the field), reads
- * every message of the session through the driver (ENOTFOUND for an
- * unknown session of the tenant) and sets *out to the packed
- * ExportResponse (malloc'ed; the caller frees it with free()). */
+/* Checks req->format and req->view: 0 or EINVALID naming the field. */
+int histd_transcript_check_request(const Histd__V1__ExportRequest *req);
+
+/* histd_transcript_check_request, then reads every message of the
+ * session through the driver (ENOTFOUND for an unknown session of the
+ * tenant) and sets *out to the packed ExportResponse (malloc'ed; the
+ * caller frees it with free()). A session whose stored messages pass
+ * twice max_bytes (0: no limit) is not read further: ELIMIT, since its
+ * transcript would not fit the max_bytes the caller allows an answer. */
 int histd_transcript_export(histd_driver *d, const char *tenant,
 			    const Histd__V1__ExportRequest *req,
-			    uint8_t **out, size_t *out_len);
+			    size_t max_bytes, uint8_t **out, size_t *out_len);
+
+/* ELIMIT saying that a transcript of `bytes`, or (stored) a session whose
+ * stored messages are over `bytes`, does not fit an answer of max_bytes
+ * (--max-response-bytes). */
+int histd_transcript_too_large(size_t bytes, int stored, size_t max_bytes);
 
 /* The packed ExportResponse of the given messages (borrowed). summary, if
  * not NULL, goes first as a system message ("Summary of the earlier

@@ -398,6 +398,94 @@ limits_are_resource_exhausted_as_on_append(void **state)
 	histd_client_message_free(&raw->base);
 }
 
+/* Export of the session's view in format; the status code, the details
+ * in details. */
+static grpc_status_code
+export_status(const char *session_id, Histd__V1__View view,
+	      Histd__V1__Format format, char *details, size_t dlen)
+{
+	Histd__V1__ExportRequest er = HISTD__V1__EXPORT_REQUEST__INIT;
+	Histd__V1__ExportResponse *resp = NULL;
+	grpc_status_code code;
+	histd_status st;
+
+	er.session_id = (char *)session_id;
+	er.view = view;
+	er.format = format;
+	histd_status_init(&st);
+	t_call(client, "Export", &er, &histd__v1__export_response__descriptor,
+	       &resp, &st);
+	code = st.code;
+	snprintf(details, dlen, "%s", st.details ? st.details : "");
+	if (resp)
+		histd_client_message_free(&resp->base);
+	histd_status_reset(&st);
+	return code;
+}
+
+/* An Export is one answer: a transcript over --max-response-bytes is
+ * RESOURCE_EXHAUSTED naming it, in both views, and a session whose
+ * stored messages pass twice the limit is not read to the end first. A
+ * bad format is INVALID_ARGUMENT before anything is read, in both views. */
+static void
+an_export_larger_than_an_answer_is_resource_exhausted(void **state)
+{
+	const char *extra[] = { "--max-response-bytes", "20000", NULL };
+	struct {
+		const char *id;
+		size_t n;
+		grpc_status_code code;
+		const char *says;
+	} cases[] = {
+		{ "fits", 5, GRPC_STATUS_OK, "" },
+		{ "big", 25, GRPC_STATUS_RESOURCE_EXHAUSTED,
+		  "bytes; an Export answer is at most 20000 "
+		  "(--max-response-bytes)" },
+		{ "huge", 50, GRPC_STATUS_RESOURCE_EXHAUSTED,
+		  "the session's messages are over 40000 bytes" },
+	};
+	const Histd__V1__View views[] = { HISTD__V1__VIEW__VIEW_RAW,
+					  HISTD__V1__VIEW__VIEW_CONTEXT };
+	histd_client *saved = client;
+	histd_proc *narrow;
+	char details[512];
+	int status;
+
+	(void)state;
+	assert_int_equal(harness_start(&narrow, extra), 0);
+	client = harness_client(narrow);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char *body = gemini_body(cases[i].n, 1000, 'w', 0);
+
+		free(t_create_session(client, cases[i].id));
+		assert_int_equal(import_body(HISTD__V1__FORMAT__FORMAT_GEMINI,
+					     cases[i].id, body, "", details,
+					     sizeof(details), NULL, NULL),
+				 GRPC_STATUS_OK);
+		free(body);
+		for (size_t v = 0; v < 2; v++) {
+			assert_int_equal(export_status(cases[i].id, views[v],
+					 HISTD__V1__FORMAT__FORMAT_GEMINI,
+					 details, sizeof(details)),
+					 cases[i].code);
+			if (!strstr(details, cases[i].says))
+				fail_msg("%s: \"%s\" does not say \"%s\"",
+					 cases[i].id, details, cases[i].says);
+		}
+	}
+	for (size_t v = 0; v < 2; v++) {
+		assert_int_equal(export_status("no-such-session", views[v],
+					       HISTD__V1__FORMAT__FORMAT_UNSPECIFIED,
+					       details, sizeof(details)),
+				 GRPC_STATUS_INVALID_ARGUMENT);
+		assert_string_equal(details, "format is required");
+	}
+	histd_client_close(client);
+	client = saved;
+	status = harness_stop(narrow);
+	assert_int_equal(status, 0);
+}
+
 static void
 an_unknown_session_stays_not_found(void **state)
 {
@@ -429,6 +517,8 @@ main(int argc, char **argv)
 			append_errors_say_where_the_message_begins_in_the_body),
 		cmocka_unit_test(an_unknown_session_stays_not_found),
 		cmocka_unit_test(limits_are_resource_exhausted_as_on_append),
+		cmocka_unit_test(
+			an_export_larger_than_an_answer_is_resource_exhausted),
 	};
 
 	if (harness_init(argc, argv))

@@ -128,7 +128,7 @@ import_append_export_is_lossless(void **state)
 		er.session_id = "s1";
 		er.format = cases[c].f;
 		er.view = HISTD__V1__VIEW__VIEW_CONTEXT;
-		assert_int_equal(histd_transcript_export(d, "t", &er, &out,
+		assert_int_equal(histd_transcript_export(d, "t", &er, 0, &out,
 							 &len), 0);
 		resp = histd__v1__export_response__unpack(NULL, len, out);
 		assert_non_null(resp);
@@ -165,18 +165,18 @@ bad_requests_name_the_field(void **state)
 	(void)state;
 	assert_int_equal(histd_driver_open("memory", &(histd_driver_config){ 0 }, &d), 0);
 	er.session_id = "nope";
-	assert_int_equal(histd_transcript_export(d, "t", &er, &out, &len),
+	assert_int_equal(histd_transcript_export(d, "t", &er, 0, &out, &len),
 			 HISTD_EINVALID);
 	assert_string_equal(histd_error_message(), "format is required");
 	er.format = 99;
-	assert_int_equal(histd_transcript_export(d, "t", &er, &out, &len),
+	assert_int_equal(histd_transcript_export(d, "t", &er, 0, &out, &len),
 			 HISTD_EINVALID);
 	er.format = HISTD__V1__FORMAT__FORMAT_MISTRAL;
 	er.view = 7;
-	assert_int_equal(histd_transcript_export(d, "t", &er, &out, &len),
+	assert_int_equal(histd_transcript_export(d, "t", &er, 0, &out, &len),
 			 HISTD_EINVALID);
 	er.view = 0;
-	assert_int_equal(histd_transcript_export(d, "t", &er, &out, &len),
+	assert_int_equal(histd_transcript_export(d, "t", &er, 0, &out, &len),
 			 HISTD_ENOTFOUND);
 	ir.format = HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT;
 	ir.json = "{\"messages\":[]}";
