@@ -2667,8 +2667,10 @@ histd_service_unary(histd_service *s, enum histd_method m,
 	c.pending = NULL;
 	c.deferred = 0;
 	rc = methods[m].fn(&c, msg);
-	if (rc == 0)
-		config_may_have_changed(s, m, who->tenant, msg);
+	/* Also after a failure: the driver may have applied the write
+	 * before its answer failed (out of memory packing it), and telling
+	 * the context too often costs only a cache entry. */
+	config_may_have_changed(s, m, who->tenant, msg);
 	if (rc) {
 		/* Set only on success, as service.h promises. */
 		free(reply->data);
