@@ -2119,6 +2119,11 @@ h_get_tool_result(call *c, void *msg)
 	if (!r->tool_call_id[0])
 		return histd_error_set(HISTD_EINVALID,
 				       "tool_call_id is required");
+	/* No stored call has a longer id: say so, not NOT_FOUND. */
+	if (strlen(r->tool_call_id) > TOOL_ID_MAX)
+		return histd_error_set(HISTD_EINVALID,
+				       "tool_call_id is %zu bytes; the limit is %d",
+				       strlen(r->tool_call_id), TOOL_ID_MAX);
 	if ((rc = histd_driver_tool_result(c->s->d, c->tenant, r->session_id,
 					   r->tool_call_id, &rec)))
 		return rc;

@@ -1740,6 +1740,16 @@ get_tool_result_returns_the_original_result_and_its_message(void **state)
 	r.tool_call_id = "";
 	assert_err(CALL(HISTD_M_GET_TOOL_RESULT, &r, NULL, NULL),
 		   HISTD_EINVALID, "tool_call_id is required");
+	{
+		char long_id[130];
+
+		memset(long_id, 'c', 129);
+		long_id[129] = '\0';
+		r.tool_call_id = long_id;
+		assert_err(CALL(HISTD_M_GET_TOOL_RESULT, &r, NULL, NULL),
+			   HISTD_EINVALID,
+			   "tool_call_id is 129 bytes; the limit is 128");
+	}
 }
 
 static void
