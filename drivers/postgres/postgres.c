@@ -214,11 +214,15 @@ create_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	PGresult *r;
 	int rc;
 
-	(void)commit_sent;
 	rc = session_params(&p, a->in, a->in->tenant, a->in->config,
 			    a->in->config_len, &kj, &lj);
 	if (rc)
 		return rc;
+	/* Either way the create commits as it is answered (the explicit
+	 * COMMIT, or the implicit one at the Sync): a connection lost from
+	 * here leaves it unknown, and a blind retry would find the session
+	 * it may have created and answer ALREADY_EXISTS. */
+	*commit_sent = 1;
 	if (d->max_sessions) {
 		/* The lock, then the counted insert (its snapshot sees every
 		 * create the lock waited for), in one round trip. */

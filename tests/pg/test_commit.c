@@ -126,12 +126,88 @@ a_commit_that_fails_after_the_rows_is_never_acknowledged(void **state)
 	free(db);
 }
 
+/* The first insert of session "dies" ends its own connection (a sequence
+ * counts across the rolled-back attempts): the connection is lost while
+ * the create, which commits as it is answered, is in flight. */
+static const char *const die_once_sql[] = {
+	"CREATE SEQUENCE die_once",
+	"CREATE FUNCTION die_once() RETURNS trigger LANGUAGE plpgsql "
+	"AS $$ BEGIN IF NEW.id = 'dies' AND nextval('die_once') = 1 THEN "
+	"PERFORM pg_terminate_backend(pg_backend_pid()); END IF; "
+	"RETURN NULL; END $$",
+	"CREATE TRIGGER die_once AFTER INSERT ON sessions FOR EACH ROW "
+	"EXECUTE FUNCTION die_once()",
+};
+
+/* A CreateSession whose connection is lost mid-create has an unknown
+ * outcome: UNAVAILABLE saying so, not a retry on another connection,
+ * which after a create that did commit would answer ALREADY_EXISTS for
+ * the caller's own session. (Here the create did not commit: the
+ * session is not there, and the next create makes it.) */
+static void
+a_create_that_loses_its_connection_is_unavailable_not_retried(void **state)
+{
+	Histd__V1__CreateSessionRequest req =
+		HISTD__V1__CREATE_SESSION_REQUEST__INIT;
+	Histd__V1__Session *out = NULL;
+	const char *cluster;
+	char *db;
+	histd_proc *p = NULL;
+	histd_client *c;
+	histd_status st;
+	const char *extra[] = {
+		"--driver", "postgres", "--dsn", NULL, "--pool-size", "2",
+		NULL,
+	};
+
+	(void)state;
+	assert_int_equal(pgh_cluster_dsn(&cluster), 0);
+	assert_non_null(db = pgh_new_database(cluster, "create_lost"));
+	extra[3] = db;
+	assert_int_equal(harness_start(&p, extra), 0);
+	c = harness_client(p);
+	for (size_t i = 0; i < sizeof(die_once_sql) / sizeof(die_once_sql[0]);
+	     i++) {
+		PGresult *r = pgh_sql(db, die_once_sql[i]);
+
+		assert_non_null(r);
+		PQclear(r);
+	}
+
+	req.session_id = "dies";
+	histd_status_init(&st);
+	t_call(c, "CreateSession", &req, &histd__v1__session__descriptor,
+	       &out, &st);
+	print_message("lost create: %s: %s\n",
+		      histd_status_code_name(st.code),
+		      st.details ? st.details : "");
+	assert_int_equal(st.code, GRPC_STATUS_UNAVAILABLE);
+	assert_non_null(strstr(st.details, "may not be applied"));
+	histd_status_reset(&st);
+	histd_client_message_free((ProtobufCMessage *)out);
+	out = NULL;
+
+	histd_status_init(&st);
+	t_call(c, "CreateSession", &req, &histd__v1__session__descriptor,
+	       &out, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_status_reset(&st);
+	histd_client_message_free((ProtobufCMessage *)out);
+
+	histd_client_close(c);
+	assert_int_equal(harness_stop(p), 0);
+	pgh_drop_database(db);
+	free(db);
+}
+
 int
 main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(
 			a_commit_that_fails_after_the_rows_is_never_acknowledged),
+		cmocka_unit_test(
+			a_create_that_loses_its_connection_is_unavailable_not_retried),
 	};
 
 	if (harness_init(argc, argv) != 0)
