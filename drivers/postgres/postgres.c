@@ -608,12 +608,14 @@ update_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	else
 		pg_p_null(&p);
 	pg_p_ts(&p, a->now_us);
+	/* Known before the COMMIT: an unanswered one has the session
+	 * re-read (pg_watch_unknown). */
+	a->sid = l.sid;
 	rc = write_commit(d, c, ST_SESSION_UPDATE, &p, HISTD_CHANGE_UPDATED,
 			  l.revision + 1, l.sid, &r, retry, commit_sent);
 	free(lj);
 	if (rc)
 		return rc;
-	a->sid = l.sid;
 	rc = pg_row_session(r, 0, 0, &a->out, NULL);
 	PQclear(r);
 	return rc;
