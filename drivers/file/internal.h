@@ -513,7 +513,8 @@ void hf_put_vec(hf_buf *b, const histd_vec *x);
 int hf_get_vec(hf_rd *rd, const hf_session *s, histd_vec **x);
 
 /* Removes the logs and snapshots of generations below gen, and syncs the
- * directory. */
+ * directory. A file that cannot be removed is logged and left: it is
+ * never read again. */
 int hf_remove_before(hf_driver *d, uint64_t gen);
 
 /* Recovers the state from the directory and returns the log to continue

@@ -1207,15 +1207,24 @@ hf_remove_before(hf_driver *d, uint64_t gen)
 
 	if ((rc = scan_dir(d, &logs, &snaps)))
 		goto out;
-	for (size_t i = 0; i < logs.n && logs.v[i] < gen; i++) {
-		hf_log_name(name, sizeof(name), logs.v[i]);
-		unlinkat(d->dirfd, name, 0);
-		removed = 1;
-	}
-	for (size_t i = 0; i < snaps.n && snaps.v[i] < gen; i++) {
-		hf_snapshot_name(name, sizeof(name), snaps.v[i]);
-		unlinkat(d->dirfd, name, 0);
-		removed = 1;
+	for (size_t i = 0; i < logs.n + snaps.n; i++) {
+		int is_log = i < logs.n;
+		uint64_t g = is_log ? logs.v[i] : snaps.v[i - logs.n];
+
+		if (g >= gen)
+			continue;
+		if (is_log)
+			hf_log_name(name, sizeof(name), g);
+		else
+			hf_snapshot_name(name, sizeof(name), g);
+		if (unlinkat(d->dirfd, name, 0) == 0)
+			removed = 1;
+		else if (errno != ENOENT)
+			/* Garbage that is never read again: said, and left
+			 * for the next try. */
+			hf_log_line(d, HF_LOG_WARN, "file driver: cannot remove "
+				    "an obsolete file", "dir", d->dir, "file",
+				    name, "error", strerror(errno), NULL);
 	}
 	rc = removed ? hf_sync_dir(d) : 0;
 out:
