@@ -311,8 +311,11 @@ queue_dirty(struct pg_watch *w, wentry *e)
 		int64_t *q = realloc(w->queue, cap * sizeof(*q));
 
 		if (!q) {
-			/* The reconnect sweep will find it. */
+			/* The sweep will find it: not dirty, or it never
+			 * would queue it again. */
 			pthread_mutex_unlock(&w->q_mu);
+			e->dirty = 0;
+			atomic_store(&w->sweep_wanted, 1);
 			return;
 		}
 		w->queue = q;
@@ -636,6 +639,10 @@ catch_up(pg_driver *d, int64_t sid)
 	}
 	L = e->last_rev;
 	Q = e->last_seq;
+	/* Taken: a request made while the statement runs (a notice, an
+	 * unanswered COMMIT) may be newer than its snapshot, and queues the
+	 * session again. */
+	e->dirty = 0;
 	pthread_mutex_unlock(&s->mu);
 
 	pg_p_i64(&p, sid);
@@ -819,12 +826,12 @@ catch_up(pg_driver *d, int64_t sid)
 				e->last_rev = R;
 			if (last_seq > e->last_seq)
 				e->last_seq = last_seq;
-			e->cleared = cleared;
+			/* A local clear delivered while the statement ran is
+			 * newer than its snapshot: cleared_to_seq only grows. */
+			if (cleared > e->cleared)
+				e->cleared = cleared;
 		}
-		e->dirty = 0;
 		drain(w, e);
-	} else if (e) {
-		e->dirty = 0;
 	}
 	pthread_mutex_unlock(&s->mu);
 	rc = 0;
@@ -999,13 +1006,14 @@ run_queue(pg_driver *d)
 			if (rc == 0)
 				rc = catch_up(d, q[i]);
 			if (rc) {
-				/* Keep it for after the reconnect. */
+				/* Keep it for after the reconnect (the failed one
+				 * was taken; the rest were not tried). */
 				stripe *s = stripe_of(w, q[i]);
 				wentry *e;
 
 				pthread_mutex_lock(&s->mu);
 				e = find(s, q[i]);
-				if (e && e->dirty) {
+				if (e && e->tracked && !e->deleted) {
 					e->dirty = 0;
 					queue_dirty(w, e);
 				}
@@ -1180,11 +1188,15 @@ listener(void *arg)
 			continue;
 		}
 		parse_notices(d, w->pg);
-		if (atomic_exchange(&w->sweep_wanted, 0) && sweep(d) != 0 &&
-		    PQstatus(w->pg) != CONNECTION_OK) {
-			atomic_store(&w->sweep_wanted, 1);
-			lost(w, &was_connected);
-			continue;
+		if (atomic_exchange(&w->sweep_wanted, 0) && sweep(d) != 0) {
+			if (PQstatus(w->pg) != CONNECTION_OK) {
+				atomic_store(&w->sweep_wanted, 1);
+				lost(w, &was_connected);
+				continue;
+			}
+			/* A statement that failed (a timeout, no memory): again
+			 * at the next tick, not at every wake-up. */
+			last_sweep = histd_mono_us() - SWEEP_US;
 		}
 		if ((rq = run_queue(d)) != 0 && PQstatus(w->pg) != CONNECTION_OK) {
 			lost(w, &was_connected);
