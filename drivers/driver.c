@@ -12,6 +12,7 @@
  */
 #include "driver.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -816,6 +817,17 @@ histd_driver_embedding_put(histd_driver *d, const char *tenant,
 		return rc;
 	if (!v || dim == 0)
 		return histd_error_set(HISTD_EINVALID, "the embedding is empty");
+	{
+		/* As the drivers normalize it (histd_vec_normalize): a vector
+		 * they cannot is the caller's, not a lack of memory. */
+		double sq = 0;
+
+		for (uint32_t i = 0; i < dim; i++)
+			sq += (double)v[i] * v[i];
+		if (!(sq > 0) || !isfinite(sq))
+			return histd_error_set(HISTD_EINVALID, "the embedding is "
+					       "a zero vector or not finite");
+	}
 	if (seq == 0)
 		return histd_error_set(HISTD_EINVALID, "seq must be at least 1");
 	if (d->version < 2 || !d->embedding_put)

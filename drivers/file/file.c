@@ -1224,9 +1224,9 @@ fd_embedding_put(histd_driver *dd, const char *tenant, const char *id,
 								 s->msgs[i].len),
 			  model, v, dim);
 	if (!x) {
+		/* The wrapper refused a vector that cannot be normalized. */
 		pthread_rwlock_unlock(&d->lock);
-		return histd_error_set(HISTD_EINVALID, "the embedding is a zero "
-				       "vector or memory ran out");
+		return enomem();
 	}
 	if (!(b = hf_wal_begin(d->wal))) {
 		free(x);

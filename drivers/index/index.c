@@ -566,13 +566,11 @@ keys_del(histd_index *ix, uint64_t key, uint32_t si)
 	ix->n_keys--;
 }
 
-static int
-keys_rebuild(histd_index *ix, size_t cap)
+/* Makes ks (cap zeroed slots, a power of two) the key table, filled from
+ * the sessions. */
+static void
+keys_fill(histd_index *ix, kslot *ks, size_t cap)
 {
-	kslot *ks = calloc(cap, sizeof(*ks));
-
-	if (!ks)
-		return enomem();
 	free(ix->keys);
 	ix->keys = ks;
 	ix->kmask = cap - 1;
@@ -588,6 +586,16 @@ keys_rebuild(histd_index *ix, size_t cap)
 		ks[i] = (kslot){ .key = ix->sess[s].key, .sess_plus1 = s + 1 };
 		ix->n_keys++;
 	}
+}
+
+static int
+keys_rebuild(histd_index *ix, size_t cap)
+{
+	kslot *ks = calloc(cap, sizeof(*ks));
+
+	if (!ks)
+		return enomem();
+	keys_fill(ix, ks, cap);
 	return 0;
 }
 
@@ -923,11 +931,16 @@ compact(histd_index *ix)
 {
 	uint32_t *map = malloc((ix->n_docs ? ix->n_docs : 1) * sizeof(*map));
 	uint32_t *smap = malloc((ix->n_sess ? ix->n_sess : 1) * sizeof(*smap));
+	/* The key table names sessions by number: it is remade at the end,
+	 * so it is allocated before anything changes. */
+	size_t kcap = ix->kmask + 1 ? ix->kmask + 1 : 16;
+	kslot *ks = calloc(kcap, sizeof(*ks));
 	uint32_t nd = 0, ns = 0;
 
-	if (!map || !smap) {
+	if (!map || !smap || !ks) {
 		free(map);
 		free(smap);
+		free(ks);
 		return enomem();
 	}
 	/* Sessions first (live ones keep their order), then documents. */
@@ -1027,7 +1040,8 @@ compact(histd_index *ix)
 			}
 		}
 	}
-	return keys_rebuild(ix, ix->kmask + 1 ? ix->kmask + 1 : 16);
+	keys_fill(ix, ks, kcap);
+	return 0;
 }
 
 static void

@@ -628,13 +628,23 @@ batch_bytes(const histd_append *a, uint64_t first_seq)
 	return b;
 }
 
+/* A session's key in its tenant's search index: its life, never used
+ * again in the process. Not its address: a search that holds no reference
+ * could take a session freed and made again at the same address for the
+ * one its hit came from. */
+static uint64_t
+index_key(const mem_session *s)
+{
+	return s->incarnation;
+}
+
 /* Keeps the tenant's search index (if it has one yet) in step with a
  * change, under the session's mutex like the change itself. */
 static void
 index_change(const mem_session *s, enum histd_change_kind kind)
 {
 	histd_index *ix = s->tenant ? atomic_load(&s->tenant->index) : NULL;
-	uint64_t key = (uint64_t)(uintptr_t)s;
+	uint64_t key = index_key(s);
 
 	if (!ix)
 		return;
@@ -2003,8 +2013,8 @@ mem_truncate(histd_driver *d, const char *tenant, const char *id,
 	 * documents can only be dropped wholesale. */
 	ix = s->tenant ? atomic_load(&s->tenant->index) : NULL;
 	if (ix) {
-		histd_index_forget(ix, (uint64_t)(uintptr_t)s);
-		(void)histd_index_sync(ix, (uint64_t)(uintptr_t)s, s->id,
+		histd_index_forget(ix, index_key(s));
+		(void)histd_index_sync(ix, index_key(s), s->id,
 				       s->msgs, s->n_msgs);
 	}
 	if (m->notify) {
@@ -2112,7 +2122,7 @@ static int
 tenant_index(mem_driver *m, const char *tenant, histd_index **out)
 {
 	mem_session **v = NULL;
-	histd_index *ix;
+	histd_index *ix, *fresh = NULL;
 	mem_tenant *t;
 	size_t n = 0;
 	int rc = 0;
@@ -2129,24 +2139,30 @@ tenant_index(mem_driver *m, const char *tenant, histd_index **out)
 	ix = atomic_load(&t->index);
 	if (ix && !histd_index_incomplete(ix))
 		goto done;
-	if (ix)
-		histd_index_reset(ix);
-	else if ((rc = histd_index_new(&ix)))
+	if (!ix && (rc = histd_index_new(&fresh)))
 		goto done;
-	/* Published with the list of sessions to read: a session created
-	 * after this is indexed by its own changes, one listed here by the
-	 * sync below; sync only adds what the index lacks, so a session
-	 * changed meanwhile is not indexed twice. */
+	/* Emptied or published with the list of sessions to read: a session
+	 * created after this is indexed by its own changes, one listed here
+	 * by the sync below; sync only adds what the index lacks, so a
+	 * session changed meanwhile is not indexed twice. Without the list,
+	 * nothing changes: an index stays incomplete, or unpublished. */
 	pthread_rwlock_wrlock(&m->lock);
-	atomic_store(&t->index, ix);
 	rc = tenant_sessions(t, &v, &n);
+	if (rc == 0 && ix)
+		histd_index_reset(ix);
+	else if (rc == 0)
+		atomic_store(&t->index, ix = fresh);
 	pthread_rwlock_unlock(&m->lock);
+	if (rc) {
+		histd_index_free(fresh);
+		goto done;
+	}
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		mem_session *s = v[i];
 
 		pthread_mutex_lock(&s->mu);
 		if (!s->deleted)
-			rc = histd_index_sync(ix, (uint64_t)(uintptr_t)s, s->id,
+			rc = histd_index_sync(ix, index_key(s), s->id,
 					      s->msgs, s->n_msgs);
 		pthread_mutex_unlock(&s->mu);
 	}
@@ -2280,7 +2296,7 @@ search_lexical(mem_driver *m, const histd_search_query *q,
 			goto out;
 		}
 		for (size_t i = 0; i < nv; i++)
-			ks.v[ks.n++] = (uint64_t)(uintptr_t)v[i];
+			ks.v[ks.n++] = index_key(v[i]);
 		qsort(ks.v, ks.n, sizeof(*ks.v), key_cmp);
 	}
 	if ((rc = histd_index_search(ix, q, scoped ? in_key_set : NULL, &ks,
@@ -2290,10 +2306,10 @@ search_lexical(mem_driver *m, const histd_search_query *q,
 		mem_session *s = session_ref(m, q->tenant, hits[i].id);
 
 		/* The same session the index saw, not one made again under
-		 * its id since. */
+		 * its id since (which may even be at the same address). */
 		if (!s)
 			continue;
-		if ((uint64_t)(uintptr_t)s == hits[i].key)
+		if (index_key(s) == hits[i].key)
 			rc = hit_add(s, &hits[i], out);
 		session_unref(s);
 	}
@@ -2379,8 +2395,8 @@ mem_embedding_put(histd_driver *d, const char *tenant, const char *id,
 								 s->msgs[i].len),
 			  model, v, dim);
 	if (!x) {
-		rc = histd_error_set(HISTD_EINVALID,
-				     "the embedding is a zero vector or memory ran out");
+		/* The wrapper refused a vector that cannot be normalized. */
+		rc = enomem();
 		goto out;
 	}
 	if ((rc = histd_vecs_put(&s->vecs, x)))

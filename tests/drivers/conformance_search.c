@@ -9,6 +9,7 @@
  */
 #include "conformance.h"
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -747,6 +748,17 @@ static void search_semantic_ranks_by_cosine_and_forgets_removed(void **state)
 	expect_ok(histd_driver_embedding_put(t->d, TA, "code", 1, "m2", v1, 3));
 	assert_int_equal(histd_driver_embedding_put(t->d, TA, "cooking", 99, "m1",
 						    v1, 3), HISTD_ENOTFOUND);
+	{
+		/* No direction: the caller's mistake, not a lack of memory. */
+		const float zero[3] = { 0 }, inf[3] = { INFINITY, 1, 1 };
+
+		assert_int_equal(histd_driver_embedding_put(t->d, TA, "cooking",
+							    2, "m1", zero, 3),
+				 HISTD_EINVALID);
+		assert_int_equal(histd_driver_embedding_put(t->d, TA, "cooking",
+							    2, "m1", inf, 3),
+				 HISTD_EINVALID);
+	}
 	{
 		const want_hit w[] = { { "travel", 1 }, { "cooking", 2 },
 				       { "cooking", 3 } };

@@ -26,6 +26,7 @@
 #include "histd/v1/histd.pb-c.h"
 #include "histd_error.h"
 #include "histd_wire.h"
+#include "index/index.h"
 #include "search.h"
 #include "service.h"
 #include "svc_calls.h"
@@ -303,6 +304,144 @@ hybrid_search_fails_cleanly_out_of_memory(void **state)
 	fails_cleanly_at_every_allocation(HISTD__V1__SEARCH_MODE__SEARCH_MODE_HYBRID);
 }
 
+/* The first search of a tenant builds its word index. One that runs out
+ * of memory while doing so answers ENOMEM and leaves no index that lacks
+ * sessions: the next search finds every message, at each allocation of
+ * the first in turn. */
+static void
+a_first_search_out_of_memory_leaves_no_index_half_built(void **state)
+{
+	static const char *const x[] = { "deploy the index", "deploy again" };
+	long k;
+
+	(void)state;
+	if (!ALLOC_HOOK)
+		skip();
+	for (k = 0;; k++) {
+		struct arena a = { .n = 0 };
+		Histd__V1__SearchResponse *resp;
+		uint8_t *got;
+		size_t got_len;
+		int rc, failed;
+
+		/* A tenant that never searched: a driver of its own. */
+		assert_int_equal(setup(NULL), 0);
+		create("x", NULL, NULL);
+		fill("x", x, 2, NULL);
+		alloc_hook_start(k);
+		rc = search(HISTD__V1__SEARCH_MODE__SEARCH_MODE_LEXICAL, &a,
+			    &got, &got_len);
+		failed = alloc_hook_failed();
+		alloc_hook_stop();
+		arena_clear(&a);
+		free(got);
+		if (failed && rc != HISTD_ENOMEM)
+			fail_msg("allocation %ld failed: %s (%s), not ENOMEM",
+				 k, histd_error_name(rc), histd_error_message());
+		assert_int_equal(search(HISTD__V1__SEARCH_MODE__SEARCH_MODE_LEXICAL,
+					&a, &got, &got_len), 0);
+		arena_clear(&a);
+		resp = histd__v1__search_response__unpack(NULL, got_len, got);
+		assert_non_null(resp);
+		/* "deploy": 4 messages in setup's sessions, 2 in x */
+		if (resp->n_hits != 5)
+			fail_msg("after allocation %ld failed: %zu hits, not 5",
+				 k, resp->n_hits);
+		histd__v1__search_response__free_unpacked(resp, NULL);
+		free(got);
+		teardown(NULL);
+		if (!failed)
+			break;
+	}
+	assert_true(k > 10);
+}
+
+/* Adds a user message of text at seq to l. */
+static void
+add_text(histd_records *l, uint64_t seq, const char *text)
+{
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT;
+	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT, *bp = &b;
+	Histd__V1__TextBlock t = HISTD__V1__TEXT_BLOCK__INIT;
+	uint8_t buf[256];
+	size_t len;
+
+	t.text = (char *)text;
+	b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+	b.text = &t;
+	m.role = HISTD__V1__ROLE__ROLE_USER;
+	m.n_content = 1;
+	m.content = &bp;
+	assert_true(histd__v1__message__get_packed_size(&m) <= sizeof(buf));
+	len = histd__v1__message__pack(&m, buf);
+	assert_int_equal(histd_records_add(l, seq, 4, buf, len), 0);
+}
+
+/* Forgetting a session of many messages compacts the word index (the
+ * sessions are renumbered). Out of memory at any allocation of that, the
+ * index stays whole: a session synced later gets its own documents, and
+ * the one kept gets its new message under its own id. */
+static void
+index_compaction_out_of_memory_keeps_the_index_whole(void **state)
+{
+	histd_records big = { 0 }, kept = { 0 }, fresh = { 0 };
+	histd_search_query q = { .text = "unique", .k = 10 };
+	long k;
+
+	(void)state;
+	if (!ALLOC_HOOK)
+		skip();
+	for (uint64_t i = 1; i <= 1100; i++)
+		add_text(&big, i, "filler words");
+	add_text(&kept, 1, "needle one");
+	add_text(&fresh, 1, "needle three");
+	for (k = 0;; k++) {
+		histd_index *ix;
+		histd_index_hit *hits = NULL;
+		size_t n = 0;
+		int failed;
+
+		assert_int_equal(histd_index_new(&ix), 0);
+		assert_int_equal(histd_index_sync(ix, 1, "big", big.v, big.n), 0);
+		assert_int_equal(histd_index_sync(ix, 2, "kept", kept.v,
+						  kept.n), 0);
+		alloc_hook_start(k);
+		histd_index_forget(ix, 1);
+		failed = alloc_hook_failed();
+		alloc_hook_stop();
+		assert_int_equal(histd_index_sync(ix, 3, "fresh", fresh.v,
+						  fresh.n), 0);
+		/* kept's second message, with a word only it holds */
+		{
+			histd_records more = { 0 };
+
+			add_text(&more, 1, "needle one");
+			add_text(&more, 2, "needle unique");
+			assert_int_equal(histd_index_sync(ix, 2, "kept", more.v,
+							  more.n), 0);
+			histd_records_clear(&more);
+		}
+		assert_int_equal(histd_index_search(ix, &q, NULL, NULL, &hits,
+						    &n), 0);
+		if (n != 1 || hits[0].key != 2 || strcmp(hits[0].id, "kept") ||
+		    hits[0].seq != 2)
+			fail_msg("allocation %ld failed: %zu hits, the first "
+				 "key %llu id %s seq %llu; want key 2 kept seq 2",
+				 k, n,
+				 n ? (unsigned long long)hits[0].key : 0ULL,
+				 n ? hits[0].id : "-",
+				 n ? (unsigned long long)hits[0].seq : 0ULL);
+		histd_index_hits_free(hits, n);
+		histd_index_free(ix);
+		if (!failed)
+			break;
+	}
+	assert_true(k > 2);
+	histd_records_clear(&big);
+	histd_records_clear(&kept);
+	histd_records_clear(&fresh);
+}
+
 /* histd_unpack_stored, which the search and the rest of the server use on
  * stored bytes: bytes that do not decode are ECORRUPT naming them, memory
  * running out is ENOMEM. */
@@ -351,6 +490,8 @@ main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(hybrid_search_fails_cleanly_out_of_memory,
 						setup, teardown),
+		cmocka_unit_test(a_first_search_out_of_memory_leaves_no_index_half_built),
+		cmocka_unit_test(index_compaction_out_of_memory_keeps_the_index_whole),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
