@@ -507,7 +507,8 @@ histd_http_post(histd_http *h, const char *url, const char *const *headers,
 					"slots", h->cfg.max_concurrent);
 			break;
 		}
-		if (left < per)
+		/* 0 is no limit per attempt: the deadline still is one. */
+		if (per <= 0 || left < per)
 			per = (long)left;
 		attempt++;
 		curl_easy_reset(c);

@@ -12,6 +12,10 @@
 
 #include "driver.h"
 
+/* The largest OPT_SECONDS value: 100 years. */
+#define SECONDS_MAX 3155760000ULL
+#define SECONDS_MAX_TEXT "3155760000"
+
 enum opt_type {
 	OPT_STR,
 	OPT_INT,        /* int, >= 0 */
@@ -66,7 +70,8 @@ static const struct opt opts[] = {
 	  "      no limit)" },
 	{ "threads", OPT_INT, OFF(threads), "0",
 	  "threads serving the completion queue (0: 2 per core; at least\n"
-	  "      32 for the file and postgres drivers, which block)" },
+	  "      32 for the file and postgres drivers, which block; at most\n"
+	  "      1024)" },
 	{ "provider-call-threads", OPT_U32,
 	  OFF(service.provider_call_threads), "16",
 	  "threads running the calls that may wait on a provider (Reduce,\n"
@@ -74,7 +79,7 @@ static const struct opt opts[] = {
 	  "      provider holds none of the threads above (0: run them there;\n"
 	  "      at most 1024)" },
 	{ "posted-calls", OPT_INT, OFF(posted_calls), "16",
-	  "requests kept posted per method" },
+	  "requests kept posted per method (at most 1024)" },
 	{ "max-message-bytes", OPT_U32, OFF(max_receive_bytes), "4M",
 	  "largest gRPC request accepted (RESOURCE_EXHAUSTED above)" },
 	{ "max-concurrent-streams", OPT_U32, OFF(max_concurrent_streams), "1000",
@@ -210,7 +215,7 @@ static const struct opt opts[] = {
 	  "provider calls: one connection attempt" },
 	{ "summarizer-request-timeout-ms", OPT_U32,
 	  OFF(summarizer_http.timeout_ms), "60000",
-	  "provider calls: one attempt, whole" },
+	  "provider calls: one attempt, whole (at least 1)" },
 	{ "summarizer-max-retries", OPT_U32, OFF(summarizer_http.max_retries),
 	  "3", "provider calls: retries of a failed attempt (connection\n"
 	  "      errors, timeouts, 408, 409, 429, 5xx)" },
@@ -347,7 +352,8 @@ set_opt(histd_config *cfg, const struct opt *o, const char *val,
 			*(size_t *)base = (size_t)v;
 		break;
 	case OPT_SECONDS:
-		ok = parse_uint(val, 0, INT64_MAX / 1000000, &v) == 0;
+		/* At most 100 years: a time added to now never overflows. */
+		ok = parse_uint(val, 0, SECONDS_MAX, &v) == 0;
 		if (ok)
 			*(int64_t *)base = (int64_t)v * 1000000;
 		break;
@@ -370,7 +376,10 @@ set_opt(histd_config *cfg, const struct opt *o, const char *val,
 		fprintf(stderr, "histd: %s: %s needs a non-negative number%s\n",
 			from, o->name,
 			o->type == OPT_U32 || o->type == OPT_SIZE ?
-				" (K, M, G suffixes allowed)" : "");
+				" (K, M, G suffixes allowed)" :
+			o->type == OPT_SECONDS ?
+				" of seconds, at most " SECONDS_MAX_TEXT
+				" (100 years)" : "");
 		return -1;
 	}
 	return 0;
@@ -428,6 +437,10 @@ refuse_zero(const histd_config *cfg)
 		{ "subscriber-queue", cfg->hub.queue_max },
 		{ "summarizer-max-concurrent",
 		  cfg->summarizer_http.max_concurrent },
+		/* libcurl takes 0 for no limit: a stuck provider would hold
+		 * its slot for good. */
+		{ "summarizer-request-timeout-ms",
+		  cfg->summarizer_http.timeout_ms },
 		{ "max-messages-per-append",
 		  cfg->service.max_messages_per_append },
 		{ "max-page-size", cfg->service.max_page_size },
@@ -798,6 +811,12 @@ histd_config_load(histd_config *cfg, int argc, char **argv)
 	if (!*cfg->api_keys_file && !cfg->auth_disabled) {
 		fprintf(stderr, "histd: no API keys: give --api-keys-file, or "
 			"--auth-disabled to serve without authentication\n");
+		return -1;
+	}
+	/* Each is a thread, or a call context per method, made at start. */
+	if (cfg->threads > 1024 || cfg->posted_calls > 1024) {
+		fprintf(stderr, "histd: threads is %d and posted-calls %d; each "
+			"at most 1024\n", cfg->threads, cfg->posted_calls);
 		return -1;
 	}
 	if (cfg->service.provider_call_threads > 1024) {

@@ -879,7 +879,7 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 	grpc_server_credentials *creds;
 	grpc_arg args[3];
 	grpc_channel_args chargs;
-	int port;
+	int port, rc;
 
 	if (!s)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
@@ -942,7 +942,6 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 	s->server = grpc_server_create(&chargs, NULL);
 	grpc_server_register_completion_queue(s->server, s->cq, NULL);
 	build_routes();
-	histd_metrics_add_collector(collect_gauges, s);
 	for (int r = 0; r < n_routes; r++)
 		routes[r].handle = grpc_server_register_method(
 			s->server, routes[r].path, NULL,
@@ -955,19 +954,39 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 	port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
 	grpc_server_credentials_release(creds);
 	if (port == 0) {
-		grpc_server_destroy(s->server);
-		grpc_completion_queue_shutdown(s->cq);
-		while (grpc_completion_queue_next(s->cq,
-			gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-		       GRPC_QUEUE_SHUTDOWN)
-			;
-		grpc_completion_queue_destroy(s->cq);
-		histd_reflection_free(s->refl);
-		histd_tls_free(s->tls);
-		free(s);
-		return histd_error_set(HISTD_EUNAVAILABLE,
-				       "cannot listen on %s", cfg->listen);
+		rc = histd_error_set(HISTD_EUNAVAILABLE, "cannot listen on %s",
+				     cfg->listen);
+		goto fail;
 	}
+	/* The queue's threads start before the server: nothing reaches the
+	 * queue until calls are posted below. One is enough to serve; fewer
+	 * than asked for is said. */
+	if (!(s->threads = calloc((size_t)cfg->threads, sizeof(pthread_t)))) {
+		rc = histd_error_set(HISTD_ENOMEM, "out of memory");
+		goto fail;
+	}
+	for (int i = 0; i < cfg->threads; i++) {
+		int err = pthread_create(&s->threads[i], NULL, cq_thread, s);
+
+		if (err) {
+			char a[16], b[16];
+
+			if (i == 0) {
+				rc = histd_error_set(HISTD_EINTERNAL, "cannot start "
+						     "a queue thread: %s",
+						     strerror(err));
+				goto fail;
+			}
+			snprintf(a, sizeof(a), "%d", i);
+			snprintf(b, sizeof(b), "%d", cfg->threads);
+			histd_log(HISTD_LOG_WARN, "fewer queue threads than "
+				  "--threads asked for", "started", a, "asked", b,
+				  "error", strerror(err), NULL);
+			break;
+		}
+		s->n_threads = i + 1;
+	}
+	histd_metrics_add_collector(collect_gauges, s);
 	grpc_server_start(s->server);
 	histd_health_start(s);
 
@@ -977,10 +996,6 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 	for (int i = 0; i < cfg->posted_calls; i++)
 		post_unknown(s);
 
-	s->n_threads = cfg->threads;
-	s->threads = calloc((size_t)s->n_threads, sizeof(pthread_t));
-	for (int i = 0; i < s->n_threads; i++)
-		pthread_create(&s->threads[i], NULL, cq_thread, s);
 	/* gRPC answers 1 for a unix socket: not a port anyone could use. */
 	if (!strncmp(cfg->listen, "unix:", 5) ||
 	    !strncmp(cfg->listen, "unix-abstract:", 14))
@@ -988,6 +1003,25 @@ histd_server_start(histd_server **out, const histd_config *cfg,
 	*bound_port = port;
 	*out = s;
 	return 0;
+
+fail:
+	/* Nothing was started: no thread, no call. */
+	grpc_server_destroy(s->server);
+	grpc_completion_queue_shutdown(s->cq);
+	while (grpc_completion_queue_next(s->cq,
+		gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+	       GRPC_QUEUE_SHUTDOWN)
+		;
+	grpc_completion_queue_destroy(s->cq);
+	pthread_mutex_destroy(&s->live_mu);
+	pthread_cond_destroy(&s->live_cv);
+	pthread_mutex_destroy(&s->refl_mu);
+	histd_reflection_free(s->refl);
+	histd_auth_free(s->auth);
+	histd_tls_free(s->tls);
+	free(s->threads);
+	free(s);
+	return rc;
 }
 
 void

@@ -208,7 +208,8 @@ zero_is_refused_where_one_is_the_least(void **state)
 				"--ttl-sweep-interval", "--max-message-bytes",
 				"--max-concurrent-streams",
 				"--max-stored-message-bytes",
-				"--idempotency-ttl" };
+				"--idempotency-ttl",
+				"--summarizer-request-timeout-ms" };
 	histd_config cfg;
 
 	(void)state;
@@ -221,6 +222,33 @@ zero_is_refused_where_one_is_the_least(void **state)
 		assert_int_equal(load(&cfg, 4, zero), -1);
 		histd_config_free(&cfg);
 		assert_int_equal(load(&cfg, 4, one), 0);
+		histd_config_free(&cfg);
+	}
+}
+
+/* Values that would have start-up allocate or spawn without end, or a
+ * time that overflows when added to now. */
+static void
+values_past_their_limit_are_refused(void **state)
+{
+	const char *cases[][3] = {
+		{ "--threads", "1025", "1024" },
+		{ "--posted-calls", "1025", "1024" },
+		{ "--idempotency-ttl", "3155760001", "3155760000" },
+		{ "--session-ttl", "9223372036854", "3155760000" },
+	};
+	histd_config cfg;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
+		char *over[] = { "histd", "--auth-disabled", (char *)cases[i][0],
+				 (char *)cases[i][1] };
+		char *most[] = { "histd", "--auth-disabled", (char *)cases[i][0],
+				 (char *)cases[i][2] };
+
+		assert_int_equal(load(&cfg, 4, over), -1);
+		histd_config_free(&cfg);
+		assert_int_equal(load(&cfg, 4, most), 0);
 		histd_config_free(&cfg);
 	}
 }
@@ -347,6 +375,7 @@ main(void)
 		cmocka_unit_test(metrics_listen_needs_a_port),
 		cmocka_unit_test(unknown_environment_variable_is_listed),
 		cmocka_unit_test(zero_is_refused_where_one_is_the_least),
+		cmocka_unit_test(values_past_their_limit_are_refused),
 		cmocka_unit_test(unknown_yaml_key_is_refused),
 		cmocka_unit_test(repeated_yaml_key_or_document_is_refused),
 		cmocka_unit_test(empty_yaml_document_sets_nothing),
