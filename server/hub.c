@@ -565,6 +565,12 @@ struct hub_session {
 	size_t n_ended;               /* atomic: of those, ended ones */
 	pthread_mutex_t lock;
 	histd_sub *subs;              /* lock */
+	/* FIFO entries of this session not yet fanned out, and the lowest
+	 * cleared_to_seq among them (0: none removed messages; kept until
+	 * the count is 0 again): a stream ended before they reach it must
+	 * resume at or below it. h->fifo_lock. */
+	size_t queued;
+	uint64_t queued_cleared;
 	size_t key_len;
 	char key[];                   /* tenant '\0' session id */
 };
@@ -594,6 +600,8 @@ struct histd_sub {
 	uint64_t delivered_seq;       /* highest last_seq sent ok, or the
 	                               * after_seq it started from */
 	uint64_t sent_rev;            /* highest revision handed to send */
+	uint64_t known_rev;           /* highest revision of a change queued
+	                               * here, or of the snapshot */
 	int started;
 	int ended;                    /* finished or broken: send no more */
 	int deleted_queued;
@@ -1005,7 +1013,26 @@ sub_live(histd_sub *s, histd_event *ev)
 			"the subscriber", ev->cleared_to_seq);
 		return;
 	}
-	histd_event_ref(ev);
+	/* A plugin error carries the revision its reporter read, which a
+	 * change not notified yet may have made (the postgres driver hands a
+	 * change on after others can read it). Stamped at the last change
+	 * this stream was given, it cannot go out before that change; and
+	 * history is unchanged by the failure, so it is just as true there.
+	 * (sub_pump restamps it up to what was sent, if lower.) */
+	if ((int)ev->kind == HISTD_EVENT_PLUGIN_ERROR &&
+	    ev->revision > s->known_rev) {
+		histd_event *earlier = event_restamped(ev, s->known_rev);
+
+		if (earlier)
+			ev = earlier;   /* its one reference is the queue's */
+		else
+			histd_event_ref(ev);
+	} else {
+		if ((int)ev->kind != HISTD_EVENT_PLUGIN_ERROR &&
+		    ev->revision > s->known_rev)
+			s->known_rev = ev->revision;
+		histd_event_ref(ev);
+	}
 	s->live[(s->live_head + s->live_n) % s->live_cap] = ev;
 	s->live_n++;
 	if (ev->kind == HISTD_CHANGE_DELETED)
@@ -1128,8 +1155,13 @@ dispatch_main(void *arg)
 
 		fan_out(&e);
 		histd_event_unref(e.ev);
-		hs_unref(e.hs);
 
+		pthread_mutex_lock(&h->fifo_lock);
+		if (--e.hs->queued == 0)
+			e.hs->queued_cleared = 0;
+		/* Not under fifo_lock: the last reference takes the table's. */
+		pthread_mutex_unlock(&h->fifo_lock);
+		hs_unref(e.hs);
 		pthread_mutex_lock(&h->fifo_lock);
 	}
 	pthread_mutex_unlock(&h->fifo_lock);
@@ -1170,6 +1202,10 @@ fifo_push(histd_hub *h, struct hub_session *hs, histd_event *ev,
 	e->hs = hs;
 	e->ev = ev;
 	e->ticket = ticket;
+	hs->queued++;
+	resume_below_removal(&hs->queued_cleared, ev->cleared_to_seq);
+	if (!hs->queued_cleared)
+		hs->queued_cleared = ev->cleared_to_seq;
 	/* The dispatcher sleeps only on an empty FIFO. */
 	if (h->fifo_n++ == 0)
 		pthread_cond_signal(&h->fifo_cond);
@@ -1182,12 +1218,20 @@ fifo_push(histd_hub *h, struct hub_session *hs, histd_event *ev,
  * received (or the change's cleared_to_seq, if it removed messages below
  * that) and read the rest from storage. */
 static void
-end_for_ticket(struct hub_session *hs, uint64_t ticket, const char *msg,
-	       uint64_t cleared_to_seq, uint64_t incarnation)
+end_for_ticket(histd_hub *h, struct hub_session *hs, uint64_t ticket,
+	       const char *msg, uint64_t cleared_to_seq, uint64_t incarnation)
 {
 	histd_sub *s;
 
 	pthread_mutex_lock(&hs->lock);
+	/* A clear, replace or truncate still in the FIFO (or being fanned
+	 * out, waiting for hs->lock) will not reach the streams ended here:
+	 * they resume at or below it too. */
+	pthread_mutex_lock(&h->fifo_lock);
+	resume_below_removal(&cleared_to_seq, hs->queued_cleared);
+	if (!cleared_to_seq)
+		cleared_to_seq = hs->queued_cleared;
+	pthread_mutex_unlock(&h->fifo_lock);
 	for (s = hs->subs; s; s = s->next) {
 		if (s->since >= ticket)
 			continue;
@@ -1276,7 +1320,7 @@ histd_hub_notify(void *hub, const histd_change *c)
 	pthread_mutex_unlock(&h->table_lock);
 
 	if (change_lacks_records(c)) {
-		end_for_ticket(hs, ticket, "a change arrived without its "
+		end_for_ticket(h, hs, ticket, "a change arrived without its "
 			       "messages; resubscribe to read them",
 			       change_cleared_to(c), c->incarnation);
 		hs_unref(hs);
@@ -1291,7 +1335,8 @@ histd_hub_notify(void *hub, const histd_change *c)
 		      "to read it";
 	else if (!(err = fifo_push(h, hs, ev, ticket)))
 		return;
-	end_for_ticket(hs, ticket, err, change_cleared_to(c), c->incarnation);
+	end_for_ticket(h, hs, ticket, err, change_cleared_to(c),
+		       c->incarnation);
 	histd_event_unref(ev);
 	hs_unref(hs);
 }
@@ -1623,6 +1668,8 @@ histd_hub_start_replay(histd_sub *s, histd_event **replay, size_t n,
 	 * plugin error reported below it goes out at it. */
 	if (snapshot_revision > s->sent_rev)
 		s->sent_rev = snapshot_revision;
+	if (snapshot_revision > s->known_rev)
+		s->known_rev = snapshot_revision;
 
 	/* Live events the snapshot already holds go, and so do changes to
 	 * another life of the session and whatever follows a deletion. */

@@ -435,6 +435,16 @@ fake_wait_blocked(struct fake *f)
 	return got;
 }
 
+/* Lets a blocked send of f go on. */
+static void
+fake_unblock(struct fake *f)
+{
+	pthread_mutex_lock(&f->mu);
+	f->block = 0;
+	pthread_cond_broadcast(&f->cv);
+	pthread_mutex_unlock(&f->mu);
+}
+
 /* The transport's histd_hub_sent for a manual fake; 0, or -1 if no send
  * was in flight. */
 static int
@@ -1515,6 +1525,23 @@ split_change_takes_one_queue_place_and_stays_whole(void **state)
 /* A plugin error reported at a revision that a racing change (or the
  * snapshot) already passed goes out at the later revision, its text
  * unchanged: events stay in revision order. */
+/* f's send i (waited for), decoded: a plugin error (pe) or an appended
+ * event, at revision rev. */
+static Histd__V1__HistoryEvent *
+sent_as(struct fake *f, size_t i, int pe, uint64_t rev)
+{
+	Histd__V1__HistoryEvent *e;
+
+	assert_int_equal(fake_wait_sent(f, i + 1), i + 1);
+	e = decode(f->evs[i]);
+	assert_int_equal(e->event_case, pe ?
+			 HISTD__V1__HISTORY_EVENT__EVENT_PLUGIN_ERROR :
+			 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+	assert_int_equal(e->revision, rev);
+	assert_int_equal(f->evs[i]->revision, rev);
+	return e;
+}
+
 static void
 plugin_error_older_than_what_was_sent_keeps_revision_order(void **state)
 {
@@ -1527,7 +1554,7 @@ plugin_error_older_than_what_was_sent_keeps_revision_order(void **state)
 	Histd__V1__HistoryEvent *e;
 	/* kind (0: appended, 1: plugin error) and revision, in send order */
 	static const struct { int pe; uint64_t rev; } want[] = {
-		{ 0, 5 }, { 1, 5 }, { 0, 6 }, { 1, 6 }, { 1, 7 }, { 0, 8 },
+		{ 0, 5 }, { 1, 5 }, { 0, 6 }, { 1, 6 }, { 1, 6 }, { 0, 8 },
 	};
 
 	(void)state;
@@ -1545,18 +1572,14 @@ plugin_error_older_than_what_was_sent_keeps_revision_order(void **state)
 	notify_append(h, "s1", 6, 3, 1);
 	histd_hub_publish_plugin_error(h, TENANT, "s1", 5, 0, "compaction",
 				       "second", 0);
+	/* Reported at 7, a revision no change given to the stream has
+	 * reached: it goes out at 6, the last one. */
 	histd_hub_publish_plugin_error(h, TENANT, "s1", 7, 0, "window", "third",
 				       1);
 	notify_append(h, "s1", 8, 4, 1);
 
 	for (i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
-		assert_int_equal(fake_wait_sent(f, i + 1), i + 1);
-		e = decode(f->evs[i]);
-		assert_int_equal(e->event_case, want[i].pe ?
-				 HISTD__V1__HISTORY_EVENT__EVENT_PLUGIN_ERROR :
-				 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
-		assert_int_equal(e->revision, want[i].rev);
-		assert_int_equal(f->evs[i]->revision, want[i].rev);
+		e = sent_as(f, i, want[i].pe, want[i].rev);
 		assert_string_equal(e->session_id, "s1");
 		if (want[i].pe) {
 			assert_string_equal(e->plugin_error->message,
@@ -1575,6 +1598,41 @@ plugin_error_older_than_what_was_sent_keeps_revision_order(void **state)
 	histd_hub_free(h);
 }
 
+/* The postgres driver hands a change on after others can read it: a
+ * reporter may read revision 12 and publish its error before changes 11
+ * and 12 reach the hub. The error goes out at the last change the stream
+ * was given (10), before them, never after them out of order. */
+static void
+plugin_error_ahead_of_changes_not_yet_notified_goes_out_before_them(void **state)
+{
+	histd_hub *h = hub_new(16, 0, 0);
+	struct fake *f = fake_new(FAKE_MANUAL);
+	Histd__V1__HistoryEvent *e;
+	/* kind (0: appended, 1: plugin error) and revision, in send order */
+	static const struct { int pe; uint64_t rev; } want[] = {
+		{ 0, 10 }, { 1, 10 }, { 0, 11 }, { 0, 12 },
+	};
+
+	(void)state;
+	assert_int_equal(subscribe(h, "s1", f), 0);
+	histd_hub_start(f->sub, NULL, 0, 9);
+	notify_append(h, "s1", 10, 1, 1);
+	histd_hub_publish_plugin_error(h, TENANT, "s1", 12, 0, "compaction",
+				       "ahead", 1);
+	notify_append(h, "s1", 11, 2, 1);
+	notify_append(h, "s1", 12, 3, 1);
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		e = sent_as(f, i, want[i].pe, want[i].rev);
+		histd__v1__history_event__free_unpacked(e, NULL);
+		assert_int_equal(fake_complete(f, 1), 0);
+	}
+	assert_int_equal(f->fin_calls, 0);
+	assert_contract_kept(f);
+	fake_close(f);
+	fake_free(f);
+	histd_hub_free(h);
+}
+
 /* Up to date (nothing to replay), the stream still stands at the
  * snapshot: an error reported below it goes out at the snapshot. */
 static void
@@ -1590,12 +1648,7 @@ plugin_error_below_an_empty_replay_goes_out_at_the_snapshot(void **state)
 				       "late", 1);
 	hub_sync(h);
 	histd_hub_start(f->sub, NULL, 0, 5);
-	assert_int_equal(fake_wait_sent(f, 1), 1);
-	e = decode(f->evs[0]);
-	assert_int_equal(e->event_case,
-			 HISTD__V1__HISTORY_EVENT__EVENT_PLUGIN_ERROR);
-	assert_int_equal(e->revision, 5);
-	assert_int_equal(f->evs[0]->revision, 5);
+	e = sent_as(f, 0, 1, 5);
 	histd__v1__history_event__free_unpacked(e, NULL);
 	assert_int_equal(fake_complete(f, 1), 0);
 	assert_int_equal(f->fin_calls, 0);
@@ -1852,10 +1905,7 @@ late_subscriber_does_not_get_events_notified_before_it_registered(void **state)
 	histd_hub_start(late->sub, NULL, 0, 0);
 	notify_append(h, "s1", 6, 6, 1);
 
-	pthread_mutex_lock(&blocker->mu);
-	blocker->block = 0;
-	pthread_cond_broadcast(&blocker->cv);
-	pthread_mutex_unlock(&blocker->mu);
+	fake_unblock(blocker);
 
 	assert_int_equal(fake_wait_sent(early, 1), 1);
 	assert_int_equal(early->evs[0]->revision, 5);
@@ -1900,10 +1950,7 @@ full_dispatch_queue_ends_the_subscribers_it_turns_away(void **state)
 	assert_int_equal(f->fin_err, HISTD_ELIMIT);
 	assert_non_null(strstr(f->msg, "event queue is full"));
 
-	pthread_mutex_lock(&blocker->mu);
-	blocker->block = 0;
-	pthread_cond_broadcast(&blocker->cv);
-	pthread_mutex_unlock(&blocker->mu);
+	fake_unblock(blocker);
 	hub_sync(h);
 	assert_int_equal(fake_count(f), 0);
 	assert_contract_kept(f);
@@ -1943,6 +1990,55 @@ change_without_records_ends_subscribers_with_resume_seq(void **state)
 	fake_close(other);
 	fake_free(f);
 	fake_free(other);
+	histd_hub_free(h);
+}
+
+/* A stream ended out of turn (a change that cannot be queued) while a
+ * truncate of its session still waits in the dispatcher's FIFO: that
+ * truncate never reaches it, so it resumes at or below its
+ * cleared_to_seq, and the replay from there says what was removed. */
+static void
+resume_seq_goes_below_a_truncate_still_queued(void **state)
+{
+	histd_hub *h = hub_new(16, 0, 0);
+	struct fake *blocker = fake_new(FAKE_BLOCK), *f = fake_new(FAKE_MANUAL);
+	histd_change truncate = {
+		.kind = HISTD_CHANGE_CLEARED, .tenant = TENANT,
+		.session_id = "s1", .revision = 3, .cleared_to_seq = 60,
+		.system_kept = 1,
+	};
+	histd_change bad = {
+		.kind = HISTD_CHANGE_APPENDED, .tenant = TENANT,
+		.session_id = "s1", .revision = 4,
+	};
+
+	(void)state;
+	blocker->block = 1;
+	assert_int_equal(subscribe(h, "stall", blocker), 0);
+	histd_hub_start(blocker->sub, NULL, 0, 0);
+	assert_int_equal(subscribe(h, "s1", f), 0);
+	histd_hub_start(f->sub, NULL, 0, 0);
+	notify_append(h, "s1", 2, 1, 100);
+	assert_int_equal(fake_wait_sent(f, 1), 1);
+	assert_int_equal(fake_complete(f, 1), 0);
+	notify_kind(h, "stall", HISTD_CHANGE_CLEARED, 1, 0);
+	/* The dispatcher is stuck in the blocker's send: the truncate waits
+	 * in the FIFO when the change without records ends the stream. */
+	assert_int_equal(fake_wait_blocked(blocker), 1);
+	histd_hub_notify(h, &truncate);
+	histd_hub_notify(h, &bad);
+	assert_int_equal(fake_wait_finished(f), 1);
+	assert_int_equal(f->fin_err, HISTD_ELIMIT);
+	assert_int_equal(f->resume, 60);
+
+	fake_unblock(blocker);
+	hub_sync(h);
+	assert_int_equal(fake_count(f), 1);
+	assert_contract_kept(f);
+	fake_close(blocker);
+	fake_close(f);
+	fake_free(blocker);
+	fake_free(f);
 	histd_hub_free(h);
 }
 
@@ -2300,6 +2396,7 @@ main(void)
 		cmocka_unit_test(deleted_ends_streams_with_ok_after_the_event_is_sent),
 		cmocka_unit_test(changes_to_an_earlier_life_of_the_session_are_not_sent),
 		cmocka_unit_test(plugin_error_older_than_what_was_sent_keeps_revision_order),
+		cmocka_unit_test(plugin_error_ahead_of_changes_not_yet_notified_goes_out_before_them),
 		cmocka_unit_test(plugin_error_below_an_empty_replay_goes_out_at_the_snapshot),
 		cmocka_unit_test(big_live_change_is_split_at_its_revision),
 		cmocka_unit_test(split_change_takes_one_queue_place_and_stays_whole),
@@ -2311,6 +2408,7 @@ main(void)
 		cmocka_unit_test(late_subscriber_does_not_get_events_notified_before_it_registered),
 		cmocka_unit_test(full_dispatch_queue_ends_the_subscribers_it_turns_away),
 		cmocka_unit_test(change_without_records_ends_subscribers_with_resume_seq),
+		cmocka_unit_test(resume_seq_goes_below_a_truncate_still_queued),
 		cmocka_unit_test(notify_without_subscribers_allocates_nothing),
 		cmocka_unit_test(notify_out_of_memory_ends_subscribers_with_resume_seq),
 		cmocka_unit_test(concurrent_notifies_and_churning_subscribers_keep_order),
