@@ -438,12 +438,12 @@ histd_driver_session_delete_life(histd_driver *d, const char *tenant,
 	uint64_t cur = 0;
 	int rc;
 
+	if ((rc = check_names(d, tenant, id)))
+		return rc;
 	if (d->version < 5 || !d->session_delete_life)
 		return histd_driver_session_delete(d, tenant, id,
 						   expected_revision,
 						   current_revision);
-	if ((rc = check_names(d, tenant, id)))
-		return rc;
 	rc = OBSERVED("session_delete",
 		      d->session_delete_life(d, tenant, id, expected_revision,
 					     incarnation, &cur));
