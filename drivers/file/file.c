@@ -239,8 +239,8 @@ undo:
 	hf_session_remove(d, s);
 	hf_session_destroy(d, s);
 	histd_session_free(rec);
-	pthread_rwlock_unlock(&d->lock);
-	return rc;
+	/* A limit may count creates not yet durable. */
+	return settle_missing(d, rc);
 }
 
 static int
@@ -719,8 +719,9 @@ undo:
 	hf_session_remove(d, f);
 	hf_session_destroy(d, f);
 	histd_session_free(rec);
-	pthread_rwlock_unlock(&d->lock);
-	return rc;
+	/* A limit may count creates, or appends to the source, not yet
+	 * durable. */
+	return settle_missing(d, rc);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -913,8 +914,10 @@ out:
 	hf_batch_free(d, &batch);
 	built_free(&bt);
 	free(fresh);
-	pthread_rwlock_unlock(&d->lock);
-	return rc;
+	/* A refusal may rest on the session's changes not yet durable (a
+	 * tool call id taken, the size limit reached): answered once they
+	 * are, as every other answer. */
+	return settle(d, s->lsn, rc);
 }
 
 static int

@@ -527,6 +527,9 @@ int hf_compact(hf_driver *d, int force);
  * durable, without the driver's lock, before the messages are re-pointed
  * at the snapshot; what it writes races the compaction. */
 extern void (*hf_compact_test_hook)(hf_driver *d);
+/* Tests only (NULL in histd): called by the log's writer before each
+ * fdatasync of a batch, with the batch written but not yet durable. */
+extern void (*hf_wal_sync_test_hook)(void);
 int hf_compact_wanted(hf_driver *d);
 /* The same from the current log's size, under the driver's lock. */
 int hf_compact_due(hf_driver *d, uint64_t log_bytes);

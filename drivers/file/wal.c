@@ -34,6 +34,8 @@
 #include "histd_wire.h"
 #include "internal.h"
 
+void (*hf_wal_sync_test_hook)(void);
+
 /* Zeros written ahead of the log's end (always, batch): writes inside the
  * file's size leave fdatasync nothing but data to flush, where a growing
  * file costs a journal commit per sync. A quarter of the log, from 256 KiB
@@ -306,6 +308,8 @@ write_batch(hf_wal *w, const hf_buf *b, int rot, size_t rot_at,
 	if (w->d->mode != HF_FSYNC_NEVER && b->len) {
 		int64_t t0 = histd_mono_us();
 
+		if (hf_wal_sync_test_hook)
+			hf_wal_sync_test_hook();
 		if (fdatasync(w->fd) != 0)
 			return log_error(w, "fdatasync", errno);
 		w->sync_us += (uint64_t)(histd_mono_us() - t0);

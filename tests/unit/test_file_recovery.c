@@ -9,9 +9,11 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -544,6 +546,86 @@ truncate_during_compaction(hf_driver *d)
 	(void)d;
 	assert_int_equal(histd_driver_truncate(racing, "t1", "s", 2, 0, NULL,
 					       NULL), 0);
+}
+
+/* The writer, held before its fdatasync while `held` is set. */
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int held, waiting;
+} sync_gate = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+
+static void
+hold_before_sync(void)
+{
+	pthread_mutex_lock(&sync_gate.mu);
+	sync_gate.waiting = 1;
+	pthread_cond_broadcast(&sync_gate.cv);
+	while (sync_gate.held)
+		pthread_cond_wait(&sync_gate.cv, &sync_gate.mu);
+	sync_gate.waiting = 0;
+	pthread_mutex_unlock(&sync_gate.mu);
+}
+
+/* One append of a tool call, from its own thread. */
+struct bg_append {
+	histd_driver *d;
+	const char *text;
+	pthread_t thread;
+	int rc;
+	atomic_int done;
+};
+
+static void *
+bg_append_main(void *arg)
+{
+	struct bg_append *b = arg;
+
+	b->rc = append(b->d, "t1", "s", NULL, 0, b->text, "c1", NULL, NULL);
+	atomic_store(&b->done, 1);
+	return NULL;
+}
+
+/* An append refused because of another append not yet durable (here, its
+ * tool call id is taken) is answered only once that append is: a crash
+ * before it would leave the refusal resting on nothing. */
+static void
+a_refusal_resting_on_a_pending_append_waits_for_its_fsync(void **state)
+{
+	char *dir = tmpdir_new();
+	histd_driver *d = must_open(dir);
+	struct bg_append first = { .d = d, .text = "first call" };
+	struct bg_append second = { .d = d, .text = "second call" };
+
+	(void)state;
+	create(d, "t1", "s", NULL, 0, NULL, 0);
+	sync_gate.held = 1;
+	hf_wal_sync_test_hook = hold_before_sync;
+	assert_int_equal(pthread_create(&first.thread, NULL, bg_append_main,
+					&first), 0);
+	pthread_mutex_lock(&sync_gate.mu);
+	while (!sync_gate.waiting)
+		pthread_cond_wait(&sync_gate.cv, &sync_gate.mu);
+	pthread_mutex_unlock(&sync_gate.mu);
+	/* The first append is applied and written, not durable. */
+	assert_int_equal(pthread_create(&second.thread, NULL, bg_append_main,
+					&second), 0);
+	usleep(300 * 1000);
+	assert_int_equal(atomic_load(&second.done), 0);
+	assert_int_equal(atomic_load(&first.done), 0);
+
+	pthread_mutex_lock(&sync_gate.mu);
+	sync_gate.held = 0;
+	pthread_cond_broadcast(&sync_gate.cv);
+	pthread_mutex_unlock(&sync_gate.mu);
+	pthread_join(first.thread, NULL);
+	pthread_join(second.thread, NULL);
+	assert_int_equal(first.rc, 0);
+	assert_int_equal(second.rc, HISTD_EINVALID);
+	histd_driver_close(d);
+	hf_wal_sync_test_hook = NULL;
+	rm_rf(dir);
+	free(dir);
 }
 
 /* Loaded messages that a truncate moved while the snapshot was written
@@ -1745,6 +1827,7 @@ main(void)
 		cmocka_unit_test(kill_during_compaction_loses_nothing_acknowledged),
 		cmocka_unit_test(zeros_written_ahead_are_the_clean_end_after_a_kill),
 		cmocka_unit_test(version_1_files_load_and_new_writes_go_to_a_version_2_log),
+		cmocka_unit_test(a_refusal_resting_on_a_pending_append_waits_for_its_fsync),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
