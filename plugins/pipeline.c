@@ -1661,25 +1661,34 @@ partitioned(const histd_view *v)
 }
 
 int
-histd_view_fixup(histd_view *v)
+histd_view_partition(histd_view *v)
 {
 	histd_view_item *tmp;
-	histd_idset calls, results;
 	size_t o = 0;
-	int rc = 0;
 
-	/* System first, then the summary, then the rest: a stable partition
-	 * (made only if some item is out of that order, which is rare). */
-	if (!partitioned(v)) {
-		if (!(tmp = malloc(v->n * sizeof(*tmp))))
-			return enomem();
-		for (int pass = 0; pass < 3; pass++)
-			for (size_t i = 0; i < v->n; i++)
-				if (item_class(&v->items[i]) == pass)
-					tmp[o++] = v->items[i];
-		memcpy(v->items, tmp, v->n * sizeof(*tmp));
-		free(tmp);
-	}
+	/* A stable partition, made only if some item is out of that order
+	 * (a system message mid-history). */
+	if (partitioned(v))
+		return 0;
+	if (!(tmp = malloc(v->n * sizeof(*tmp))))
+		return enomem();
+	for (int pass = 0; pass < 3; pass++)
+		for (size_t i = 0; i < v->n; i++)
+			if (item_class(&v->items[i]) == pass)
+				tmp[o++] = v->items[i];
+	memcpy(v->items, tmp, v->n * sizeof(*tmp));
+	free(tmp);
+	return 0;
+}
+
+int
+histd_view_fixup(histd_view *v)
+{
+	histd_idset calls, results;
+	int rc;
+
+	if ((rc = histd_view_partition(v)))
+		return rc;
 
 	histd_idset_init(&calls);
 	histd_idset_init(&results);

@@ -390,6 +390,10 @@ void *histd_view_alloc(histd_view *v, size_t size);
  * without partners (and messages left empty). 0 or ENOMEM/ECORRUPT.
  */
 int histd_view_fixup(histd_view *v);
+/* Orders v's items system messages first, then the summary, then the rest,
+ * each kind in its order (as a view is handed to transforms): 0 or
+ * ENOMEM. */
+int histd_view_partition(histd_view *v);
 
 /*
  * Safe starts. For a run of messages m[0..n) (no system messages), sets

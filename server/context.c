@@ -724,7 +724,11 @@ view_fill(struct sess *s, histd_driver *d, const char *tenant,
 			v->n--;
 	}
 	v->complete = res->records.n < load || first_loaded <= lower + 1;
-	return 0;
+	/* A system message among the loaded ones goes first, as one older
+	 * from the index does: transforms count on it (the window keeps
+	 * and counts system messages apart), and the view must not depend
+	 * on how much was loaded. */
+	return histd_view_partition(v);
 }
 
 /* Keeps what a full read of s at `revision` (session record sr) found,

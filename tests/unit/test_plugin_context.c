@@ -286,6 +286,22 @@ get(const char *id, Histd__V1__View view, uint32_t limit)
 	return resp;
 }
 
+/* A CONTEXT read of the newest last_n messages. */
+static Histd__V1__GetMessagesResponse *
+get_last(const char *id, uint32_t last_n)
+{
+	Histd__V1__GetMessagesRequest r = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
+	void *resp;
+
+	r.session_id = (char *)id;
+	r.view = HISTD__V1__VIEW__VIEW_CONTEXT;
+	r.last_n = last_n;
+	if (ut_call(HISTD_M_GET_MESSAGES, &r.base,
+		    &histd__v1__get_messages_response__descriptor, &resp))
+		fail_msg("get: %s", histd_error_message());
+	return resp;
+}
+
 static int
 reduce(const char *id, Histd__V1__ReduceResponse **out)
 {
@@ -479,6 +495,55 @@ context_is_system_then_summary_as_user_then_the_tail(void **state)
 	assert_int_equal(raw->n_messages, 26);
 	ut_free_msg(raw);
 	ut_free_msg(g);
+}
+
+/* A system message mid-history is one the window keeps apart, as one at
+ * the start: it counts toward neither max_messages nor the messages cut
+ * for max_tokens, whether the read loaded it with the tail or not. */
+static void
+the_window_keeps_a_system_message_mid_history_apart(void **state)
+{
+	static const char *const by_count[] = {
+		"window", "max_messages", "2", NULL };
+	static const char *const by_tokens[] = {
+		"window", "max_tokens", "60", NULL };
+	static const char *const want[] = { "s3", "a2", "u4" };
+	Histd__V1__GetMessagesResponse *g, *all;
+
+	(void)state;
+	assert_int_equal(ut_create("w", by_count), 0);
+	append_msg("w", HISTD__V1__ROLE__ROLE_USER, "u1", NULL, NULL);
+	append_msg("w", HISTD__V1__ROLE__ROLE_ASSISTANT, "a2", NULL, NULL);
+	append_msg("w", HISTD__V1__ROLE__ROLE_SYSTEM, "s3", NULL, NULL);
+	append_msg("w", HISTD__V1__ROLE__ROLE_USER, "u4", NULL, NULL);
+	g = get("w", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_int_equal(g->n_messages, 3);
+	for (size_t i = 0; i < 3; i++)
+		assert_string_equal(tc_text_of(g->messages[i]), want[i]);
+	ut_free_msg(g);
+
+	/* A system message of about 40 tokens among 40 short ones: the
+	 * view is the same, and within max_tokens, whatever was loaded. */
+	assert_int_equal(ut_create("t", by_tokens), 0);
+	append_msg("t", HISTD__V1__ROLE__ROLE_USER, "first", NULL, NULL);
+	append_msg("t", HISTD__V1__ROLE__ROLE_SYSTEM,
+		   "You answer in one short sentence and never use lists, "
+		   "tables or code blocks unless the user asks for them by "
+		   "name, in this session.", NULL, NULL);
+	for (int i = 0; i < 40; i++)
+		append_msg("t", i % 2 ? HISTD__V1__ROLE__ROLE_ASSISTANT :
+					HISTD__V1__ROLE__ROLE_USER, "short", NULL,
+			   NULL);
+	g = get_last("t", 0);
+	all = get_last("t", 1000);
+	assert_true(g->token_estimate <= 60);
+	assert_int_equal(all->token_estimate, g->token_estimate);
+	assert_int_equal(all->n_messages, g->n_messages);
+	for (size_t i = 0; i < g->n_messages; i++)
+		assert_int_equal(all->messages[i]->seq, g->messages[i]->seq);
+	assert_int_equal(g->messages[0]->role, HISTD__V1__ROLE__ROLE_SYSTEM);
+	ut_free_msg(g);
+	ut_free_msg(all);
 }
 
 /* Three turns of `tag` questions, answers and results: 12 messages. */
@@ -1328,6 +1393,9 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			context_is_system_then_summary_as_user_then_the_tail,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			the_window_keeps_a_system_message_mid_history_apart,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			masked_results_are_markers_and_get_tool_result_has_the_original,
