@@ -20,7 +20,14 @@
 #include "plugin.h"
 #include "tokens.h"
 
-#define BUCKETS 1024
+#define BUCKETS 16384
+/* An entry idle this long (and at least the session TTL), unused and with
+ * nothing queued, goes when its bucket next takes a new one: it holds
+ * only caches, made again by the next use. */
+#define SESS_IDLE_US (INT64_C(600) * 1000000)
+/* Buckets a new entry also reaps, in turn, so that every bucket is looked
+ * at while entries are made. */
+#define REAP_STEP 4
 #define FIRST_LOAD 32          /* messages a CONTEXT read loads first */
 #define PUT_ATTEMPTS 16        /* summary_put retries against appends */
 #define BACKOFF_MAX_US (INT64_C(60) * 1000000)
@@ -61,14 +68,17 @@ struct sum_view {
 	size_t meta_len;
 };
 
-/* What the context knows of one session. Entries live until the context
- * is freed (they are small; the system index is what the session's
- * system prompts weigh). */
+/* What the context knows of one session. An entry lives while it is
+ * used: a caller holds a reference (sess_find, sess_get; sess_put), or a
+ * compaction is queued or runs; idle past SESS_IDLE_US, it is freed
+ * (sess_get), so sessions that come and go leave nothing behind. */
 struct sess {
-	struct sess *next;
+	struct sess *next;          /* bucket chain: x->table_lock */
 	char *tenant;
 	char *id;
 	histd_driver *d;
+	atomic_int refs;            /* callers holding it */
+	_Atomic int64_t used_us;    /* last taken */
 	/* Under x->lock. */
 	int busy;                  /* a compaction runs */
 	int queued;                /* in x's queue: a check is due at due_us */
@@ -124,9 +134,12 @@ struct histd_context {
 	pthread_mutex_t lock;
 	pthread_cond_t work;       /* workers: something became due */
 	pthread_cond_t idle;       /* a compaction finished */
-	/* Entries are added under lock and only freed with the context:
-	 * lookups (sess_find) take no lock. */
-	_Atomic(struct sess *) table[BUCKETS];
+	/* Entries, by key hash. Chains change under table_lock (written
+	 * with lock held too, so that whether an entry is queued or busy
+	 * cannot change while it is freed); lookups read-lock it. */
+	pthread_rwlock_t table_lock;
+	struct sess *table[BUCKETS];
+	size_t n_entries, reap_next;     /* table_lock */
 	/* Sessions with an automatic check queued, oldest first. */
 	struct sess *qhead, *qtail;
 	int stop;                  /* set holding lock and sweep_lock */
@@ -190,42 +203,126 @@ key_hash(const char *tenant, const char *id)
  * is noticed within this time. */
 #define NO_REDUCER_TTL_US (10 * 1000000LL)
 
-/* The entry of (tenant, id), or NULL; no lock needed (entries are
- * published whole and never freed before the context). */
+/* The entry of (tenant, id) in chain s, or NULL; table_lock held. */
 static struct sess *
-sess_find(histd_context *x, const char *tenant, const char *id)
+chain_find(struct sess *s, const char *tenant, const char *id)
 {
-	struct sess *s = x->table[key_hash(tenant, id) % BUCKETS];
-
 	while (s && (strcmp(s->tenant, tenant) || strcmp(s->id, id)))
 		s = s->next;
 	return s;
 }
 
+/* Takes a reference on s (table_lock held). */
+static struct sess *
+sess_take(struct sess *s)
+{
+	atomic_fetch_add(&s->refs, 1);
+	atomic_store_explicit(&s->used_us, histd_mono_us(),
+			      memory_order_relaxed);
+	return s;
+}
+
+/* The entry of (tenant, id) with a reference (sess_put), or NULL. */
+static struct sess *
+sess_find(histd_context *x, const char *tenant, const char *id)
+{
+	struct sess *s;
+
+	pthread_rwlock_rdlock(&x->table_lock);
+	s = chain_find(x->table[key_hash(tenant, id) % BUCKETS], tenant, id);
+	if (s)
+		sess_take(s);
+	pthread_rwlock_unlock(&x->table_lock);
+	return s;
+}
+
+static void
+sess_put(struct sess *s)
+{
+	if (s)
+		atomic_fetch_sub(&s->refs, 1);
+}
+
+static void sess_free(struct sess *s);
+
+/* Frees the entries of chain *pp nobody uses (no reference, nothing
+ * queued or running) idle since before `before`; x->lock and table_lock
+ * (written) held. */
+static void
+chain_reap(histd_context *x, struct sess **pp, int64_t before)
+{
+	while (*pp) {
+		struct sess *s = *pp;
+
+		if (atomic_load(&s->refs) == 0 && !s->busy && !s->queued &&
+		    atomic_load_explicit(&s->used_us,
+					 memory_order_relaxed) < before) {
+			*pp = s->next;
+			sess_free(s);
+			x->n_entries--;
+			continue;
+		}
+		pp = &s->next;
+	}
+}
+
+size_t
+histd_context_entries(histd_context *x)
+{
+	size_t n;
+
+	if (!x)
+		return 0;
+	pthread_rwlock_rdlock(&x->table_lock);
+	n = x->n_entries;
+	pthread_rwlock_unlock(&x->table_lock);
+	return n;
+}
+
+/* The entry of (tenant, id) with a reference (sess_put), made if absent;
+ * x->lock held. NULL if out of memory. */
 static struct sess *
 sess_get(histd_context *x, histd_driver *d, const char *tenant,
 	 const char *id)
 {
-	_Atomic(struct sess *) *b = &x->table[key_hash(tenant, id) % BUCKETS];
+	struct sess **b = &x->table[key_hash(tenant, id) % BUCKETS];
+	int64_t idle = x->cfg.entry_idle_us > 0 ? x->cfg.entry_idle_us :
+		       SESS_IDLE_US, before;
 	struct sess *s;
+
+	if (x->cfg.session_ttl_us > idle)
+		idle = x->cfg.session_ttl_us;
+	before = histd_mono_us() - idle;
 
 	if ((s = sess_find(x, tenant, id)))
 		return s;
-	if (!(s = calloc(1, sizeof(*s))))
-		return NULL;
-	s->tenant = strdup(tenant);
-	s->id = strdup(id);
-	if (!s->tenant || !s->id) {
-		free(s->tenant);
-		free(s->id);
+	pthread_rwlock_wrlock(&x->table_lock);
+	if ((s = chain_find(*b, tenant, id))) {
+		sess_take(s);
+		pthread_rwlock_unlock(&x->table_lock);
+		return s;
+	}
+	chain_reap(x, b, before);
+	for (int i = 0; i < REAP_STEP; i++) {
+		chain_reap(x, &x->table[x->reap_next], before);
+		x->reap_next = (x->reap_next + 1) % BUCKETS;
+	}
+	if (!(s = calloc(1, sizeof(*s))) || !(s->tenant = strdup(tenant)) ||
+	    !(s->id = strdup(id))) {
+		if (s)
+			free(s->tenant);
 		free(s);
+		pthread_rwlock_unlock(&x->table_lock);
 		return NULL;
 	}
 	pthread_mutex_init(&s->idx_lock, NULL);
 	pthread_rwlock_init(&s->sum_lock, NULL);
 	s->d = d;
+	sess_take(s);
 	s->next = *b;
-	*b = s;        /* publishes s, complete, to sess_find */
+	*b = s;
+	x->n_entries++;
+	pthread_rwlock_unlock(&x->table_lock);
 	return s;
 }
 
@@ -902,6 +999,7 @@ make_fallback(void)
 	if (!x)
 		return;
 	pthread_mutex_init(&x->lock, NULL);
+	pthread_rwlock_init(&x->table_lock, NULL);
 	pthread_cond_init(&x->work, NULL);
 	pthread_cond_init(&x->idle, NULL);
 	pthread_mutex_init(&x->sweep_lock, NULL);
@@ -946,10 +1044,12 @@ histd_context_get_messages(histd_context *x, histd_driver *d,
 		rc = context_once(x, d, tenant, r, max_response_bytes, load,
 				  &s, out, len);
 		if (rc != HISTD_PLUGIN_MORE)
-			return rc;
+			break;
 		/* Each pass loads 8 times as many; the last one everything. */
 		load = load > UINT32_MAX / 8 ? UINT32_MAX : load * 8;
 	}
+	sess_put(s);
+	return rc;
 }
 
 /* The first window of p with retention = delete, or -1. */
@@ -1038,6 +1138,7 @@ system_totals(histd_context *x, histd_driver *d, const char *tenant,
 		(*count)++;
 	}
 	pthread_mutex_unlock(&s->idx_lock);
+	sess_put(s);
 	return rc;
 }
 
@@ -1296,6 +1397,7 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 
 		if (s)
 			s->cov_known = 0;
+		sess_put(s);
 	}
 	pthread_mutex_unlock(&x->lock);
 out:
@@ -1384,6 +1486,7 @@ release_sess(histd_context *x, struct sess *s)
 	x->running--;
 	pthread_cond_broadcast(&x->idle);
 	pthread_cond_broadcast(&x->work);
+	sess_put(s);
 	pthread_mutex_unlock(&x->lock);
 }
 
@@ -1456,16 +1559,16 @@ histd_context_after_append(histd_context *x, histd_driver *d,
 	if (s) {
 		s->last_append_us = histd_now_us();
 		/* Most sessions never compact: no wake-up, no session read. */
-		if (s->no_reducer_us &&
-		    s->last_append_us - s->no_reducer_us < NO_REDUCER_TTL_US) {
-			pthread_mutex_unlock(&x->lock);
-			return;
+		if (!s->no_reducer_us ||
+		    s->last_append_us - s->no_reducer_us >= NO_REDUCER_TTL_US) {
+			s->no_reducer_us = 0;
+			if (!s->queued) {
+				enqueue(x, s, s->not_before);
+				pthread_cond_signal(&x->work);
+			}
 		}
-		s->no_reducer_us = 0;
-		if (!s->queued) {
-			enqueue(x, s, s->not_before);
-			pthread_cond_signal(&x->work);
-		}
+		/* Queued, it stays (chain_reap); x->lock is held. */
+		sess_put(s);
 	}
 	pthread_mutex_unlock(&x->lock);
 }
@@ -1479,10 +1582,12 @@ histd_context_config_changed(histd_context *x, const char *tenant,
 	if (!x)
 		return;
 	pthread_mutex_lock(&x->lock);
-	for (s = x->table[key_hash(tenant, session_id) % BUCKETS]; s;
-	     s = s->next)
-		if (!strcmp(s->tenant, tenant) && !strcmp(s->id, session_id))
-			s->no_reducer_us = 0;
+	pthread_rwlock_rdlock(&x->table_lock);
+	s = chain_find(x->table[key_hash(tenant, session_id) % BUCKETS],
+		       tenant, session_id);
+	if (s)
+		s->no_reducer_us = 0;
+	pthread_rwlock_unlock(&x->table_lock);
 	pthread_mutex_unlock(&x->lock);
 }
 
@@ -2055,15 +2160,16 @@ last_activity(histd_context *x, const histd_session *sr)
 	}
 	histd_read_result_clear(&res);
 	pthread_mutex_lock(&x->lock);
-	for (s = x->table[key_hash(sr->tenant, sr->id) % BUCKETS]; s;
-	     s = s->next)
-		if (!strcmp(s->tenant, sr->tenant) && !strcmp(s->id, sr->id)) {
-			if (s->last_append_us > t)
-				t = s->last_append_us;
-			if (s->busy || s->queued)
-				t = INT64_MAX;   /* in use: not idle */
-			break;
-		}
+	pthread_rwlock_rdlock(&x->table_lock);
+	s = chain_find(x->table[key_hash(sr->tenant, sr->id) % BUCKETS],
+		       sr->tenant, sr->id);
+	if (s) {
+		if (s->last_append_us > t)
+			t = s->last_append_us;
+		if (s->busy || s->queued)
+			t = INT64_MAX;   /* in use: not idle */
+	}
+	pthread_rwlock_unlock(&x->table_lock);
 	pthread_mutex_unlock(&x->lock);
 	return t;
 }
@@ -2202,6 +2308,7 @@ histd_context_new(histd_context **out, histd_driver *d,
 	if (x->cfg.sweep_interval_us <= 0)
 		x->cfg.sweep_interval_us = INT64_C(60) * 1000000;
 	pthread_mutex_init(&x->lock, NULL);
+	pthread_rwlock_init(&x->table_lock, NULL);
 	pthread_cond_init(&x->work, NULL);
 	pthread_cond_init(&x->idle, NULL);
 	pthread_mutex_init(&x->sweep_lock, NULL);
@@ -2307,6 +2414,7 @@ histd_context_free(histd_context *x)
 	pthread_mutex_destroy(&x->pipe_lock);
 	histd_pipeline_free(x->def);
 	pthread_mutex_destroy(&x->lock);
+	pthread_rwlock_destroy(&x->table_lock);
 	pthread_cond_destroy(&x->work);
 	pthread_cond_destroy(&x->idle);
 	pthread_mutex_destroy(&x->sweep_lock);

@@ -95,6 +95,10 @@ typedef struct histd_context_config {
 	int64_t retry_base_us;     /* first backoff; 0: 1 s */
 	int64_t session_ttl_us;    /* 0: sessions never expire */
 	int64_t sweep_interval_us; /* 0: 60 s */
+	/* What the context keeps of a session (caches, compaction state) is
+	 * freed once the session has been idle this long, and at least
+	 * session_ttl_us; 0: 10 minutes. */
+	int64_t entry_idle_us;
 } histd_context_config;
 
 /*
@@ -131,6 +135,9 @@ void histd_context_set_error_sink(histd_context *x, histd_plugin_error_fn fn,
 /* Stops the sweeper and the workers (a running compaction finishes; the
  * queued ones are dropped) and frees the context. NULL is allowed. */
 void histd_context_free(histd_context *x);
+
+/* How many sessions the context keeps an entry for (tests, metrics). */
+size_t histd_context_entries(histd_context *x);
 
 /* ---------------------------------------------------------------------- */
 /* The service's seams. x may be NULL: no default pipeline, Reduce runs    */

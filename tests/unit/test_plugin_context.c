@@ -141,6 +141,9 @@ sink(void *arg, const char *tenant, const char *sid, uint64_t revision,
 	pthread_mutex_unlock(&fake_lock);
 }
 
+/* The context's entry_idle_us for the next start (0: its default). */
+static int64_t next_entry_idle_us;
+
 static int
 start(const char *default_pipeline, int64_t ttl_us)
 {
@@ -159,6 +162,7 @@ start(const char *default_pipeline, int64_t ttl_us)
 	cc.retry_base_us = 50000;
 	cc.session_ttl_us = ttl_us;
 	cc.sweep_interval_us = INT64_C(3600) * 1000000;
+	cc.entry_idle_us = next_entry_idle_us;
 	if (histd_context_new(&ctx, drv, &cc))
 		return -1;
 	histd_context_set_error_sink(ctx, sink, NULL);
@@ -544,6 +548,38 @@ the_window_keeps_a_system_message_mid_history_apart(void **state)
 	assert_int_equal(g->messages[0]->role, HISTD__V1__ROLE__ROLE_SYSTEM);
 	ut_free_msg(g);
 	ut_free_msg(all);
+}
+
+/* What the context keeps of a session goes once the session is idle: a
+ * service whose sessions come and go does not grow. Sessions of one
+ * message each are made until the context holds fewer entries than the
+ * first batch made (idle after 1 us here). */
+static void
+entries_of_idle_sessions_are_freed(void **state)
+{
+	const size_t batch = 4000, bound = 4000;
+	size_t made = 0, held = 0;
+
+	(void)state;
+	teardown(NULL);
+	next_entry_idle_us = 1;
+	assert_int_equal(start("", 0), 0);
+	next_entry_idle_us = 0;
+	for (int round = 0; round < 40; round++) {
+		for (size_t i = 0; i < batch; i++) {
+			char id[32];
+
+			snprintf(id, sizeof(id), "e%zu", made++);
+			assert_int_equal(ut_create(id, NULL), 0);
+			append_msg(id, HISTD__V1__ROLE__ROLE_USER, "hi", NULL,
+				   NULL);
+		}
+		held = histd_context_entries(ctx);
+		if (made > 4 * batch && held < bound)
+			break;
+	}
+	if (held >= bound)
+		fail_msg("%zu entries held after %zu sessions", held, made);
 }
 
 /* Three turns of `tag` questions, answers and results: 12 messages. */
@@ -1397,6 +1433,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(
 			the_window_keeps_a_system_message_mid_history_apart,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			entries_of_idle_sessions_are_freed, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			masked_results_are_markers_and_get_tool_result_has_the_original,
 			setup, teardown),
