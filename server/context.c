@@ -92,6 +92,9 @@ struct sess {
 	 * NO_REDUCER_TTL_US later, or until the session's config may have
 	 * changed here. */
 	int64_t no_reducer_us;
+	/* Bumped whenever the session's config may have changed here: a
+	 * check that read the config before does not set no_reducer_us. */
+	uint64_t cfg_gen;
 	/* The system index, under idx_lock. */
 	pthread_mutex_t idx_lock;
 	int64_t idx_created_us;
@@ -1585,8 +1588,10 @@ histd_context_config_changed(histd_context *x, const char *tenant,
 	pthread_rwlock_rdlock(&x->table_lock);
 	s = chain_find(x->table[key_hash(tenant, session_id) % BUCKETS],
 		       tenant, session_id);
-	if (s)
+	if (s) {
 		s->no_reducer_us = 0;
+		s->cfg_gen++;
+	}
 	pthread_rwlock_unlock(&x->table_lock);
 	pthread_mutex_unlock(&x->lock);
 }
@@ -1647,11 +1652,14 @@ wants_reduce(histd_context *x, struct sess *s, int *want, int *retain)
 	histd_session_totals t = { 0 };
 	histd_read q = { .tenant = s->tenant, .session_id = s->id };
 	histd_read_result res = { 0 };
-	uint64_t to = 0, cov = 0;
+	uint64_t to = 0, cov = 0, gen;
 	int rc, owned = 0;
 
 	*want = 0;
 	*retain = 0;
+	pthread_mutex_lock(&x->lock);
+	gen = s->cfg_gen;
+	pthread_mutex_unlock(&x->lock);
 	if ((rc = histd_driver_session_get(s->d, s->tenant, s->id, &sr)))
 		return rc;
 	if ((rc = session_pipeline(x, sr, &p, &owned)))
@@ -1662,7 +1670,8 @@ wants_reduce(histd_context *x, struct sess *s, int *want, int *retain)
 		 * it. */
 		if (!*retain) {
 			pthread_mutex_lock(&x->lock);
-			s->no_reducer_us = histd_now_us();
+			if (s->cfg_gen == gen)
+				s->no_reducer_us = histd_now_us();
 			pthread_mutex_unlock(&x->lock);
 		}
 		goto out;
