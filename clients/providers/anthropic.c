@@ -184,6 +184,11 @@ imp_block(histd_imp *im, json_t *blk, Histd__V1__Message *m,
 	if ((rc = histd_expect_obj(im, blk)) ||
 	    (rc = histd_get_str(im, blk, "type", 1, &type)))
 		return rc;
+	/* Kinds histd does not keep are dropped (and listed) wherever they
+	 * are, as Anthropic allows some inside a tool_result too. */
+	if (r && is_one_of(type, unsupported))
+		return histd_imp_drop(im, "a %s block histd does not keep",
+				      type);
 	if (r && strcmp(type, "text") && strcmp(type, "image") &&
 	    strcmp(type, "document"))
 		return histd_imp_fail_at(im, "type", "a tool_result may hold "
@@ -578,16 +583,22 @@ exp_block(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 			goto dropped;
 		}
 		if (r->redacted && r->encrypted_data.len) {
-			char *s = strndup((const char *)r->encrypted_data.data,
-					  r->encrypted_data.len);
+			json_t *data;
 
-			if (!s || set_new(o, "type",
-					  json_string("redacted_thinking")) ||
-			    set_new(o, "data", json_string(s))) {
-				free(s);
+			if (histd_json_bytes_text(&r->encrypted_data, &data))
+				goto nomem;
+			if (!data) {
+				histd_exp_drop(ex, i, j, "redacted reasoning "
+					       "whose data is not text");
+				goto dropped;
+			}
+			if (set_new(o, "type",
+				    json_string("redacted_thinking"))) {
+				json_decref(data);
 				goto nomem;
 			}
-			free(s);
+			if (set_new(o, "data", data))
+				goto nomem;
 		} else if (r->signature[0] || histd_mark_str(x, "$signature")) {
 			if (set_new(o, "type", json_string("thinking")) ||
 			    set_new(o, "thinking", json_string(r->text)) ||
@@ -681,19 +692,36 @@ out:
 	return rc;
 }
 
-/* Writes blocks of message i into arr. */
+static int has_state(const Histd__V1__Message *m, const char *key);
+
+/* Writes blocks of message i into arr. Anthropic wants a user turn's
+ * tool_result blocks before anything else in it: a user or tool message
+ * that did not come from Anthropic (whose order is kept as it was) has
+ * them moved first. */
 static int
 exp_blocks(histd_exp *ex, size_t i, const Histd__V1__Message *m, json_t *arr)
 {
-	for (size_t j = 0; j < m->n_content; j++) {
-		json_t *e;
-		int rc = exp_block(ex, i, (long)j, m->content[j], &e);
+	int results_first = (m->role == HISTD__V1__ROLE__ROLE_USER ||
+			     m->role == HISTD__V1__ROLE__ROLE_TOOL) &&
+			    !has_state(m, KEY);
 
-		if (rc)
-			return rc;
-		if (e && json_array_append_new(arr, e))
-			return histd_error_set(HISTD_ENOMEM, "out of memory");
-	}
+	for (int pass = results_first ? 0 : 1; pass < 2; pass++)
+		for (size_t j = 0; j < m->n_content; j++) {
+			int result = m->content[j]->block_case ==
+				     HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT;
+			json_t *e;
+			int rc;
+
+			/* pass 0: results only; pass 1: the rest (all of
+			 * them when results stay where they are) */
+			if (results_first && result != (pass == 0))
+				continue;
+			if ((rc = exp_block(ex, i, (long)j, m->content[j], &e)))
+				return rc;
+			if (e && json_array_append_new(arr, e))
+				return histd_error_set(HISTD_ENOMEM,
+						       "out of memory");
+		}
 	return 0;
 }
 
@@ -853,8 +881,12 @@ summary_response(json_t *root, histd_summary_result *out)
 	if (!json_is_array(content))
 		return histd_error_set(HISTD_EUNAVAILABLE, "provider answer "
 				       "has no content array");
+	/* Text blocks only, as copied below: a thinking block's text is
+	 * no summary. */
 	json_array_foreach(content, i, e)
-		if (json_is_string(json_object_get(e, "text")))
+		if (json_is_string(json_object_get(e, "text")) &&
+		    !strcmp(json_string_value(json_object_get(e, "type")) ?: "",
+			    "text"))
 			len += json_string_length(json_object_get(e, "text"));
 	if (!len)
 		return histd_error_set(HISTD_EUNAVAILABLE, "provider answer "

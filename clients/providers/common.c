@@ -1198,6 +1198,21 @@ histd_mark_int(json_t *x, const char *name)
 /* ---------------------------------------------------------------------- */
 /* Export helpers                                                         */
 
+int
+histd_json_bytes_text(const ProtobufCBinaryData *b, json_t **out)
+{
+	json_t *probe;
+
+	if ((*out = json_stringn((const char *)b->data, b->len)))
+		return 0;
+	/* jansson says NULL for bytes that are not UTF-8 and for a lack of
+	 * memory alike: a string that is text tells them apart. */
+	if (!(probe = json_string("")))
+		return histd_error_set(HISTD_ENOMEM, "out of memory");
+	json_decref(probe);
+	return 0;
+}
+
 void
 histd_exp_drop(histd_exp *ex, size_t i, long j, const char *fmt, ...)
 {

@@ -700,13 +700,22 @@ exp_reasoning(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 	      json_t *arr)
 {
 	const Histd__V1__ReasoningBlock *r = b->reasoning;
-	json_t *x = histd_blk_state_get(b, KEY), *o = NULL, *s;
+	json_t *x = histd_blk_state_get(b, KEY), *o = NULL, *s, *enc = NULL;
 	int rc = 0;
 
 	if (histd_blk_foreign(b, KEY)) {
 		histd_exp_drop(ex, i, j, "reasoning of another provider, which "
 			       "OpenAI does not take");
 		goto out;
+	}
+	if (r->encrypted_data.len) {
+		if (histd_json_bytes_text(&r->encrypted_data, &enc))
+			goto nomem;
+		if (!enc) {
+			histd_exp_drop(ex, i, j, "reasoning whose encrypted "
+				       "content is not text");
+			goto out;
+		}
 	}
 	if (!(o = json_object()) || json_array_append(arr, o) ||
 	    set_new(o, "type", json_string("reasoning")))
@@ -731,15 +740,12 @@ exp_reasoning(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 						   r->text))) {
 		goto nomem;
 	}
-	if (r->encrypted_data.len) {
-		char *e = strndup((const char *)r->encrypted_data.data,
-				  r->encrypted_data.len);
+	if (enc) {
+		json_t *e = enc;
 
-		if (!e || set_new(o, "encrypted_content", json_string(e))) {
-			free(e);
+		enc = NULL;     /* set_new takes it, also when it fails */
+		if (set_new(o, "encrypted_content", e))
 			goto nomem;
-		}
-		free(e);
 	} else if (histd_mark_bool(x, "$enc_null") &&
 		   json_object_set_new(o, "encrypted_content", json_null())) {
 		goto nomem;
@@ -750,6 +756,7 @@ exp_reasoning(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 nomem:
 	rc = nomem();
 out:
+	json_decref(enc);
 	json_decref(o);
 	json_decref(x);
 	return rc;

@@ -261,6 +261,11 @@ long long histd_mark_int(json_t *x, const char *name);
 /* ---------------------------------------------------------------------- */
 /* Export helpers                                                         */
 
+/* Bytes (a bytes field the caller filled, e.g. encrypted reasoning) as a
+ * JSON string: 0 with *out set, 0 with *out NULL when they are not UTF-8
+ * text, or ENOMEM. */
+int histd_json_bytes_text(const ProtobufCBinaryData *b, json_t **out);
+
 /* Adds "<path>: <what>" to dropped (no-op without a list). */
 void histd_exp_drop(histd_exp *ex, size_t i, long j, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));

@@ -373,6 +373,119 @@ parallel_results_merge_into_one_anthropic_turn(void **state)
 	histd_transcript_clear(&t);
 }
 
+/* A Gemini user turn of text then a functionResponse: Anthropic wants the
+ * tool_result first in its user turn, and gets it so. */
+static void
+anthropic_user_turn_has_its_results_first(void **state)
+{
+	const char *body =
+		"{\"contents\":[{\"role\":\"user\",\"parts\":[{\"text\":"
+		"\"weather?\"}]},{\"role\":\"model\",\"parts\":[{"
+		"\"functionCall\":{\"id\":\"c1\",\"name\":\"get_weather\","
+		"\"args\":{\"city\":\"Paris\"}}}]},{\"role\":\"user\","
+		"\"parts\":[{\"text\":\"here you go\"},{\"functionResponse\":"
+		"{\"id\":\"c1\",\"name\":\"get_weather\",\"response\":{"
+		"\"t\":20}}}]}]}";
+	histd_transcript t = { 0 };
+	json_t *root, *content;
+	char *out = NULL;
+
+	(void)state;
+	assert_int_equal(histd_transcript_from_json(
+		HISTD__V1__FORMAT__FORMAT_GEMINI, body, strlen(body), NULL,
+		&t), 0);
+	assert_int_equal(histd_transcript_to_json(
+		HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES, t.messages,
+		t.n_messages, &out, NULL), 0);
+	root = json_loads(out, 0, NULL);
+	assert_non_null(root);
+	content = json_object_get(json_array_get(json_object_get(root,
+		"messages"), 2), "content");
+	assert_int_equal(json_array_size(content), 2);
+	assert_string_equal(json_string_value(json_object_get(
+		json_array_get(content, 0), "type")), "tool_result");
+	assert_string_equal(json_string_value(json_object_get(
+		json_array_get(content, 1), "type")), "text");
+	json_decref(root);
+	free(out);
+	histd_transcript_clear(&t);
+}
+
+/* A block kind histd does not keep is dropped and listed inside a
+ * tool_result as at the top level, not refused with the whole body. */
+static void
+anthropic_search_result_in_a_tool_result_is_dropped(void **state)
+{
+	const char *body =
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"find\"},"
+		"{\"role\":\"assistant\",\"content\":[{\"type\":"
+		"\"tool_use\",\"id\":\"s1\",\"name\":\"search\",\"input\":"
+		"{}}]},{\"role\":\"user\",\"content\":[{\"type\":"
+		"\"tool_result\",\"tool_use_id\":\"s1\",\"content\":["
+		"{\"type\":\"text\",\"text\":\"found\"},"
+		"{\"type\":\"search_result\",\"source\":\"https://e.com\","
+		"\"title\":\"T\",\"content\":[{\"type\":\"text\",\"text\":"
+		"\"body\"}]}]}]}]}";
+	histd_transcript t = { 0 };
+	int found = 0;
+
+	(void)state;
+	assert_int_equal(histd_transcript_from_json(
+		HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES, body,
+		strlen(body), NULL, &t), 0);
+	assert_int_equal(t.n_messages, 3);
+	assert_int_equal(t.messages[2]->content[0]->tool_result->n_content, 1);
+	for (size_t k = 0; k < t.dropped.n; k++)
+		found |= strstr(t.dropped.v[k], "search_result") != NULL;
+	assert_true(found);
+	histd_transcript_clear(&t);
+}
+
+/* Redacted reasoning whose bytes are not text cannot go in a JSON string:
+ * it is dropped and listed, not answered as a lack of memory. */
+static void
+reasoning_bytes_that_are_not_text_are_dropped_on_export(void **state)
+{
+	static const uint8_t bin[] = { 0xff, 0xfe, 'a', 'b' };
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT, *mp = &m;
+	Histd__V1__ContentBlock r = HISTD__V1__CONTENT_BLOCK__INIT;
+	Histd__V1__ContentBlock t = HISTD__V1__CONTENT_BLOCK__INIT;
+	Histd__V1__ContentBlock *bp[2] = { &r, &t };
+	Histd__V1__ReasoningBlock rb = HISTD__V1__REASONING_BLOCK__INIT;
+	Histd__V1__TextBlock tb = HISTD__V1__TEXT_BLOCK__INIT;
+	static const Histd__V1__Format fs[] = {
+		HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES,
+		HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+	};
+
+	(void)state;
+	rb.redacted = 1;
+	rb.encrypted_data.data = (uint8_t *)bin;
+	rb.encrypted_data.len = sizeof(bin);
+	r.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_REASONING;
+	r.reasoning = &rb;
+	tb.text = "the answer";
+	t.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+	t.text = &tb;
+	m.role = HISTD__V1__ROLE__ROLE_ASSISTANT;
+	m.content = bp;
+	m.n_content = 2;
+	for (size_t f = 0; f < sizeof(fs) / sizeof(fs[0]); f++) {
+		histd_strlist dropped = { 0 };
+		char *out = NULL;
+		int found = 0;
+
+		assert_int_equal(histd_transcript_to_json(fs[f], &mp, 1, &out,
+							  &dropped), 0);
+		assert_non_null(strstr(out, "the answer"));
+		for (size_t k = 0; k < dropped.n; k++)
+			found |= strstr(dropped.v[k], "not text") != NULL;
+		assert_true(found);
+		free(out);
+		histd_strlist_clear(&dropped);
+	}
+}
+
 /* Top-level members that are not the transcript are listed as dropped. */
 static void
 import_lists_non_transcript_members(void **state)
@@ -702,6 +815,9 @@ main(void)
 		cmocka_unit_test(cross_format_output_imports_again),
 		cmocka_unit_test(foreign_reasoning_is_dropped_and_listed),
 		cmocka_unit_test(parallel_results_merge_into_one_anthropic_turn),
+		cmocka_unit_test(anthropic_user_turn_has_its_results_first),
+		cmocka_unit_test(anthropic_search_result_in_a_tool_result_is_dropped),
+		cmocka_unit_test(reasoning_bytes_that_are_not_text_are_dropped_on_export),
 		cmocka_unit_test(import_lists_non_transcript_members),
 		cmocka_unit_test(dollar_keys_cannot_forge_marks),
 		cmocka_unit_test(empty_data_uri_stays_a_url),
