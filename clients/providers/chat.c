@@ -575,13 +575,21 @@ exp_part(const histd_chat_dialect *d, histd_exp *ex, size_t i, long j,
 				       "message");
 			goto dropped;
 		}
-		if (dc->source_case == HISTD__V1__DOCUMENT_BLOCK__SOURCE_DATA &&
+		/* A data: URI kept as a URL (parameters, not base64: how
+		 * Import keeps one it cannot take apart) goes back as the
+		 * inline data it was. */
+		if ((dc->source_case == HISTD__V1__DOCUMENT_BLOCK__SOURCE_DATA ||
+		     (dc->source_case == HISTD__V1__DOCUMENT_BLOCK__SOURCE_URL &&
+		      !strncmp(dc->url, "data:", 5))) &&
 		    d->file_parts) {
 			json_t *f = json_object();
 
-			if (!(url = histd_data_uri(dc->media_type,
-						   dc->data.data,
-						   dc->data.len)) ||
+			if (!(url = dc->source_case ==
+				    HISTD__V1__DOCUMENT_BLOCK__SOURCE_URL
+				    ? strdup(dc->url)
+				    : histd_data_uri(dc->media_type,
+						     dc->data.data,
+						     dc->data.len)) ||
 			    !f || json_object_set_new(o, "type",
 						      json_string("file")) ||
 			    json_object_set_new(o, "file", f) ||

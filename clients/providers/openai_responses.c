@@ -615,9 +615,16 @@ exp_part(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 		}
 		if (set_new(o, "type", json_string("input_file")))
 			goto nomem;
-		if (d->source_case == HISTD__V1__DOCUMENT_BLOCK__SOURCE_DATA) {
-			if (!(url = histd_data_uri(d->media_type, d->data.data,
-						   d->data.len)) ||
+		/* A data: URI kept as a URL (how Import keeps one it cannot
+		 * take apart) goes back as the inline data it was. */
+		if (d->source_case == HISTD__V1__DOCUMENT_BLOCK__SOURCE_DATA ||
+		    (d->source_case == HISTD__V1__DOCUMENT_BLOCK__SOURCE_URL &&
+		     !strncmp(d->url, "data:", 5))) {
+			if (!(url = d->source_case ==
+				    HISTD__V1__DOCUMENT_BLOCK__SOURCE_DATA
+				    ? histd_data_uri(d->media_type, d->data.data,
+						     d->data.len)
+				    : strdup(d->url)) ||
 			    set_new(o, "file_data", json_string(url)))
 				goto nomem;
 			/* The API wants a filename with inline data. */

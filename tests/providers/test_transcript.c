@@ -568,6 +568,47 @@ empty_data_uri_stays_a_url(void **state)
 	histd_transcript_clear(&t);
 }
 
+/* A file's data URI that Import keeps as a URL (a parameter besides
+ * base64, or an empty payload) goes back as the file's inline data in the
+ * same format: nothing dropped, the same transcript. */
+static void
+file_data_uri_kept_as_a_url_round_trips(void **state)
+{
+	static const struct {
+		Histd__V1__Format f;
+		const char *body;
+	} cases[] = {
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT,
+		  "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		  "\"text\",\"text\":\"read this\"},{\"type\":\"file\","
+		  "\"file\":{\"file_data\":\"data:text/plain;charset=utf-8;"
+		  "base64,aGVsbG8=\",\"filename\":\"a.txt\"}}]}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"input\":[{\"type\":\"message\",\"role\":\"user\","
+		  "\"content\":[{\"type\":\"input_file\",\"file_data\":"
+		  "\"data:application/pdf;base64,\",\"filename\":"
+		  "\"a.pdf\"}]}]}" },
+	};
+
+	(void)state;
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		histd_transcript t = { 0 };
+		histd_strlist dropped = { 0 };
+		char *out = NULL;
+
+		assert_int_equal(histd_transcript_from_json(cases[c].f,
+			cases[c].body, strlen(cases[c].body), NULL, &t), 0);
+		assert_int_equal(histd_transcript_to_json(cases[c].f,
+			t.messages, t.n_messages, &out, &dropped), 0);
+		assert_int_equal(dropped.n, 0);
+		assert_same_json("file data URI", cases[c].body, out,
+				 cases[c].f);
+		free(out);
+		histd_strlist_clear(&dropped);
+		histd_transcript_clear(&t);
+	}
+}
+
 /* A key holding a control byte is named with it as \xNN: dropped lines
  * and error messages stay one line. */
 static void
@@ -821,6 +862,7 @@ main(void)
 		cmocka_unit_test(import_lists_non_transcript_members),
 		cmocka_unit_test(dollar_keys_cannot_forge_marks),
 		cmocka_unit_test(empty_data_uri_stays_a_url),
+		cmocka_unit_test(file_data_uri_kept_as_a_url_round_trips),
 		cmocka_unit_test(keys_with_control_bytes_stay_on_one_line),
 		cmocka_unit_test(empty_instructions_and_arguments_round_trip),
 		cmocka_unit_test(
