@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "histd_error.h"
+#include "histd_wire.h"
 #include "log.h"
 
 #define DIGEST 32
@@ -38,7 +39,8 @@ struct histd_auth {
 	pthread_rwlock_t lock;
 	struct keyset *set;
 	struct stat seen;
-	time_t checked;         /* __atomic; written under reload_mu */
+	int64_t checked;        /* monotonic us of the last look at the
+	                         * file; __atomic, written under reload_mu */
 	int missing;            /* the file was gone at the last look */
 	pthread_mutex_t reload_mu;
 };
@@ -173,7 +175,7 @@ histd_auth_new(histd_auth **out, const char *keys_file)
 	pthread_rwlock_init(&a->lock, NULL);
 	pthread_mutex_init(&a->reload_mu, NULL);
 	stat(keys_file, &a->seen);
-	a->checked = time(NULL);
+	a->checked = histd_mono_us();
 	if ((rc = parse(keys_file, &a->set)) != 0) {
 		histd_auth_free(a);
 		return rc;
@@ -227,14 +229,15 @@ reload(histd_auth *a)
 	histd_log(HISTD_LOG_INFO, "API keys reloaded", "keys", n, NULL);
 }
 
-/* Reads the file again if it changed; one thread at a time. */
+/* Reads the file again if it changed, looking at most once a second (a
+ * stat per call would cost every call); one thread at a time. */
 static void
 maybe_reload(histd_auth *a)
 {
-	time_t now = time(NULL);
+	int64_t now = histd_mono_us();
 	struct stat st;
 
-	if (now - __atomic_load_n(&a->checked, __ATOMIC_RELAXED) < 2)
+	if (now - __atomic_load_n(&a->checked, __ATOMIC_RELAXED) < 1000000)
 		return;
 	if (pthread_mutex_trylock(&a->reload_mu) != 0)
 		return;

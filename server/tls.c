@@ -18,6 +18,9 @@ struct histd_tls {
 	pthread_mutex_t mu;
 	struct stat seen[3];    /* what the files were at the last load */
 	int loaded;
+	/* What they were when a reload last failed (failed: one did). */
+	struct stat failed_seen[3];
+	int failed;
 };
 
 static char *
@@ -144,14 +147,23 @@ fetch(void *user_data, grpc_ssl_server_certificate_config **config)
 		pthread_mutex_unlock(&t->mu);
 		return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
 	}
+	/* Files that failed to load as they are now are not read (nor
+	 * reported) again at every handshake, only once they change. */
+	if (t->loaded && t->failed && !changed(now, t->failed_seen)) {
+		pthread_mutex_unlock(&t->mu);
+		return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
+	}
 	if (load(t, &cert, &key, &ca) != 0) {
 		histd_log(HISTD_LOG_WARN, "TLS files not reloaded; keeping the "
 			  "previous ones", "error", histd_error_message(), NULL);
 		st = t->loaded ? GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED :
 				 GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_FAIL;
+		memcpy(t->failed_seen, now, sizeof(now));
+		t->failed = 1;
 		pthread_mutex_unlock(&t->mu);
 		return st;
 	}
+	t->failed = 0;
 	pair.private_key = key;
 	pair.cert_chain = cert;
 	/* gRPC 1.51 asserts that a fetched config has root certificates even

@@ -8,6 +8,8 @@ that never contain conversation content.
 import argparse
 import json
 import os
+import resource
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +40,13 @@ log = open(log_path, "w")
 # A provider summarizer that cannot be reached: its calls fail at once.
 # HISTD_MAX_MESAGE_BYTES: a misspelt option, which must not go unseen.
 env = dict(os.environ, HISTD_TEST_OBS_KEY="k-test", HISTD_MAX_MESAGE_BYTES="16M")
+# Room for more than 1024 descriptors in histd and here, where the system
+# allows it: the metrics endpoint must keep answering past FD_SETSIZE.
+MANY_FDS = 1100
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+room = hard == resource.RLIM_INFINITY or hard >= 4096
+if room and soft != resource.RLIM_INFINITY and soft < 4096:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, hard))
 proc = subprocess.Popen([ARGS.histd, "--auth-disabled", "--driver", "memory", "--listen", "127.0.0.1:0", "--port-file", pf,
                          "--anthropic-model", "m", "--anthropic-api-key-env", "HISTD_TEST_OBS_KEY",
                          "--anthropic-base-url", "http://127.0.0.1:1", "--summarizer-max-retries", "0",
@@ -149,6 +158,27 @@ try:
         check(False, "other paths answer 404")
     except urllib.error.HTTPError as e:
         check(e.code == 404, "other paths answer 404")
+    if room:
+        # Idle connections to the gRPC port push histd's descriptors
+        # past 1024; a scrape must still be answered.
+        socks = []
+        try:
+            for _ in range(MANY_FDS):
+                socks.append(socket.create_connection(("127.0.0.1", int(port)),
+                                                      timeout=5))
+            time.sleep(1)
+            try:
+                body = urllib.request.urlopen(url, timeout=5).read().decode()
+                check("histd_serving 1" in body,
+                      "metrics answer with more than 1024 descriptors open")
+            except (urllib.error.URLError, OSError) as e:
+                check(False, "metrics answer with more than 1024 "
+                      "descriptors open (%s)" % e)
+        finally:
+            for c in socks:
+                c.close()
+    else:
+        print("skip metrics past 1024 descriptors: RLIMIT_NOFILE hard %d" % hard)
 finally:
     proc.terminate()
     rc = proc.wait(timeout=20)
