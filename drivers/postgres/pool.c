@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 
 #include "histd_wire.h"
@@ -213,14 +214,19 @@ quiet(void *arg, const char *message)
 static int
 session_settings(pg_driver *d, PGconn *pg, int serving)
 {
-	char sql[128];
+	char sql[256];
 
+	/* Read committed whatever the server's default: the statements
+	 * count on each one seeing what committed before it began. */
 	if (serving && d->timeout_ms > 0)
 		snprintf(sql, sizeof(sql), "SET max_parallel_workers_per_gather"
-			 " = 0; SET statement_timeout = %d", d->timeout_ms);
+			 " = 0; SET default_transaction_isolation = "
+			 "'read committed'; SET statement_timeout = %d",
+			 d->timeout_ms);
 	else
 		snprintf(sql, sizeof(sql),
-			 "SET max_parallel_workers_per_gather = 0");
+			 "SET max_parallel_workers_per_gather = 0; SET "
+			 "default_transaction_isolation = 'read committed'");
 	if (serving && PQsetnonblocking(pg, 1) != 0)
 		return pg_error(NULL, pg, NULL, NULL);
 	return pg_simple(d, pg, sql, pg_deadline(d));
@@ -289,21 +295,65 @@ pg_connect(pg_driver *d, PGconn **out, int prepare)
 /* ---------------------------------------------------------------------- */
 /* The pool                                                                */
 
+/* Whether an idle pooled connection is still open. The server may have
+ * closed it meanwhile (idle_session_timeout, pg_terminate_backend): its
+ * FATAL message and end of stream wait unread, and libpq still says OK.
+ * A pooled connection neither listens nor has a statement running, so
+ * the server has nothing to tell it: anything to read means it is going,
+ * and a new one is made. */
+static int
+still_open(PGconn *pg)
+{
+	struct pollfd pf = { .fd = PQsocket(pg), .events = POLLIN };
+
+	if (PQstatus(pg) != CONNECTION_OK || pf.fd < 0)
+		return 0;
+	return poll(&pf, 1, 0) == 0;
+}
+
 int
 pg_acquire(pg_driver *d, pg_conn **out)
 {
 	pg_conn *c;
 	int rc;
 
-	pthread_mutex_lock(&d->pool_mu);
-	while (!d->free_list)
-		pthread_cond_wait(&d->pool_cv, &d->pool_mu);
+	/* A wait for a free connection is bounded as a statement is: with
+	 * every connection held by slow statements, calls fail rather than
+	 * queue without end (and hold back the committer). */
+	if (d->timeout_ms > 0) {
+		struct timespec until;
+
+		clock_gettime(CLOCK_MONOTONIC, &until);
+		until.tv_sec += (d->timeout_ms + PG_TIMEOUT_GRACE_MS) / 1000;
+		until.tv_nsec += (long)((d->timeout_ms + PG_TIMEOUT_GRACE_MS) %
+					1000) * 1000000;
+		if (until.tv_nsec >= 1000000000) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000;
+		}
+		pthread_mutex_lock(&d->pool_mu);
+		while (!d->free_list &&
+		       pthread_cond_timedwait(&d->pool_cv, &d->pool_mu,
+					      &until) != ETIMEDOUT)
+			;
+	} else {
+		pthread_mutex_lock(&d->pool_mu);
+		while (!d->free_list)
+			pthread_cond_wait(&d->pool_cv, &d->pool_mu);
+	}
+	if (!d->free_list) {
+		pthread_mutex_unlock(&d->pool_mu);
+		return histd_error_set(HISTD_EUNAVAILABLE, "no PostgreSQL "
+				       "connection came free within %d ms "
+				       "(all %d in use: --pool-size)",
+				       d->timeout_ms + PG_TIMEOUT_GRACE_MS,
+				       d->pool_size);
+	}
 	c = d->free_list;
 	d->free_list = c->next_free;
 	pthread_mutex_unlock(&d->pool_mu);
 
-	if (c->pg && (c->gen != atomic_load(&d->gen) ||
-		      PQstatus(c->pg) != CONNECTION_OK)) {
+	if (c->pg && (c->gen != atomic_load(&d->gen) || !still_open(c->pg))) {
 		PQfinish(c->pg);
 		c->pg = NULL;
 	}
@@ -506,6 +556,11 @@ pg_pipeline(pg_driver *d, pg_conn *c, size_t n, const enum pg_stmt *st,
 	for (size_t i = 0; i < n && !broken; i++) {
 		if (st[i] == ST_COUNT)
 			continue;
+		/* statement_timeout counts each statement from its own start,
+		 * so may the wait for its answer (lock waits one after the
+		 * other are not a server that stopped answering). */
+		if (i > 0)
+			deadline = pg_deadline(d);
 		r = pg_result(d, pg, deadline);
 		if (!r) {
 			broken = 1;

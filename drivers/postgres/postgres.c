@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "histd_wire.h"
@@ -1367,7 +1368,15 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 	d->max_msgs = cfg->max_session_messages;
 	d->max_bytes = cfg->max_session_bytes;
 	pthread_mutex_init(&d->pool_mu, NULL);
-	pthread_cond_init(&d->pool_cv, NULL);
+	{
+		/* pg_acquire waits on the monotonic clock. */
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&d->pool_cv, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	atomic_init(&d->gen, 1);
 	atomic_init(&d->db_up, 1);
 	atomic_init(&d->probed_us, 0);

@@ -216,7 +216,10 @@ pg_migrate(pg_driver *d, PGconn *pg)
 	char sql[128];
 	int rc;
 
-	if ((rc = run(d, pg, "BEGIN", NULL)))
+	/* Read committed whatever the server's default: a replica that
+	 * waited for the lock must then see the version the one before it
+	 * wrote (a snapshot taken at the lock would not). */
+	if ((rc = run(d, pg, "BEGIN ISOLATION LEVEL READ COMMITTED", NULL)))
 		return rc;
 	if ((rc = run(d, pg, "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK ")", NULL)) ||
 	    (rc = run(d, pg, "CREATE TABLE IF NOT EXISTS histd_schema "

@@ -339,6 +339,8 @@ a_version_4_database_keeps_the_old_ttl_rule_for_its_sessions(void **state)
 	histd_context_free(ctx);
 }
 
+static void replicas_starting_together_migrate_once(void **state);
+
 static void *
 open_close(void *arg)
 {
@@ -350,6 +352,26 @@ open_close(void *arg)
 		return NULL;
 	}
 	return (void *)1;
+}
+
+/* Replicas starting together on a database whose default isolation is
+ * repeatable read, which deploy/postgres.md does not forbid: one that
+ * waited for the migration lock must still see the version written. */
+static void
+replicas_starting_together_migrate_once_under_repeatable_read(void **state)
+{
+	fixture *f = *state;
+	PGresult *r = pgh_sql(f->dsn, "DO $$ BEGIN EXECUTE format('ALTER "
+			      "DATABASE %I SET default_transaction_isolation "
+			      "= ''repeatable read''', current_database()); "
+			      "END $$");
+
+	assert_non_null(r);
+	PQclear(r);
+	assert_int_equal(sql_long(f->dsn, "SELECT count(*) FROM pg_settings "
+				  "WHERE name = 'default_transaction_isolation'"
+				  " AND setting = 'repeatable read'"), 1);
+	replicas_starting_together_migrate_once(state);
 }
 
 static void
@@ -1485,6 +1507,43 @@ an_outside_lock_ends_an_append_at_the_statement_timeout(void **state)
 	histd_session_free(s);
 }
 
+/* Pooled connections the server closed while they sat idle (an
+ * idle_session_timeout, pg_terminate_backend) are not handed out: the
+ * next writes go through on new ones, instead of failing as "may not be
+ * applied" with a server that never stopped answering. */
+static void
+pooled_connections_closed_while_idle_are_replaced(void **state)
+{
+	static const char *const others =
+		"FROM pg_stat_activity WHERE datname = current_database() AND "
+		"pid <> pg_backend_pid() AND application_name <> "
+		"'histd listener'";
+	fixture *f = *state;
+	char sql[256];
+	PGresult *r;
+	int i;
+
+	f->d = open_driver(f->dsn, 2);
+	create(f->d, "s");
+	assert_int_equal(append_text(f->d, "s", "before", NULL), 0);
+	snprintf(sql, sizeof(sql), "SELECT count(pg_terminate_backend(pid)) %s",
+		 others);
+	assert_true(sql_long(f->dsn, sql) >= 1);
+	/* Gone: their last words wait in our sockets. */
+	snprintf(sql, sizeof(sql), "SELECT count(*) %s", others);
+	for (i = 0; i < 100 && sql_long(f->dsn, sql) > 0; i++)
+		usleep(50 * 1000);
+	assert_int_equal(sql_long(f->dsn, sql), 0);
+
+	if (append_text(f->d, "s", "after", NULL) != 0)
+		fail_msg("append: %s", histd_error_message());
+	create(f->d, "s2");
+	r = pgh_sql(f->dsn, "SELECT count(*) FROM messages");
+	assert_non_null(r);
+	assert_string_equal(PQgetvalue(r, 0, 0), "2");
+	PQclear(r);
+}
+
 /* ------------------------------------------------------------------------
  * Deferred appends (histd_append.on_result) */
 
@@ -1767,6 +1826,7 @@ main(void)
 		T(a_version_3_database_keeps_its_sessions_by_context_keys),
 		T(a_version_4_database_keeps_the_old_ttl_rule_for_its_sessions),
 		T(replicas_starting_together_migrate_once),
+		T(replicas_starting_together_migrate_once_under_repeatable_read),
 		T(open_without_a_dsn_or_with_a_dead_one_fails_cleanly),
 		T(messages_keep_queryable_columns_beside_their_bytes),
 		T(concurrent_appends_share_commits),
@@ -1780,6 +1840,7 @@ main(void)
 		T(sessions_per_tenant_limit_holds_for_creates_racing_on_two_instances),
 		T(session_size_limit_holds_for_appends_racing_on_two_instances),
 		T(an_outside_lock_ends_an_append_at_the_statement_timeout),
+		T(pooled_connections_closed_while_idle_are_replaced),
 		T(deferred_appends_are_answered_through_on_result),
 		T(close_answers_every_queued_deferred_append),
 	};
