@@ -1044,6 +1044,15 @@ compact(histd_index *ix)
 	return 0;
 }
 
+/* A word's count in one text of a message, as scored: at most 256, as
+ * PostgreSQL keeps at most 256 positions of a word per tsvector, so that
+ * every driver ranks alike. */
+static uint64_t
+tf_cap(uint64_t n)
+{
+	return n > 256 ? 256 : n;
+}
+
 static void
 maybe_compact(histd_index *ix)
 {
@@ -1308,7 +1317,7 @@ histd_index_search(histd_index *ix, const histd_search_query *q,
 		while (p < end) {
 			uint64_t delta = get_varint(&p), tf = get_varint(&p);
 			uint64_t tt = (tf & 1) ? get_varint(&p) : 0;
-			uint64_t f = (tf >> 1) + (tool ? tt : 0);
+			uint64_t f = tf_cap(tf >> 1) + (tool ? tf_cap(tt) : 0);
 			const ix_doc *d;
 
 			doc += (uint32_t)delta;

@@ -329,6 +329,18 @@ scores_agree_with_the_in_process_index(void **state)
 		m[1] = result_msg("c1", "sunny in lisbon, the fox sleeps");
 		append(d, "b", m, 2);
 		free_msgs(m, 2);
+		/* A word more often than PostgreSQL keeps positions of
+		 * (256): both count it 256 times. */
+		{
+			char many[300 * 4 + 1];
+
+			for (int r = 0; r < 300; r++)
+				memcpy(many + 4 * r, "fox ", 4);
+			many[300 * 4] = '\0';
+			m[0] = text_msg(HISTD__V1__ROLE__ROLE_USER, many);
+			append(d, "b", m, 1);
+			free_msgs(m, 1);
+		}
 	}
 	for (size_t i = 0; i < sizeof(queries) / sizeof(queries[0]); i++)
 		for (int tool = 0; tool < 2; tool++) {
