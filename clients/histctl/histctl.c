@@ -1100,12 +1100,23 @@ static int cmd_append(ctl *c, args *a)
 	return rc;
 }
 
+/* Says on stderr that a --last / -n answer holds fewer than asked. */
+static void warn_truncated(const Histd__V1__GetMessagesResponse *r, uint64_t asked)
+{
+	if (!r->truncated)
+		return;
+	fprintf(stderr, "histctl: only the newest %zu of the last %" PRIu64
+		" messages came back (the server's page or answer size limit); "
+		"read the older ones with get --after SEQ --limit N\n",
+		r->n_messages, asked);
+}
+
 static int cmd_get(ctl *c, args *a)
 {
 	Histd__V1__GetMessagesRequest req = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
 	json_t *out = NULL;
 	int rc = EXIT_OKAY, header = 0;
-	uint64_t shown = 0;
+	uint64_t shown = 0, tokens = 0;
 	int view;
 
 	if (!(req.session_id = (char *)session_arg(a)) || no_more_args(a, 2) < 0)
@@ -1127,6 +1138,9 @@ static int cmd_get(ctl *c, args *a)
 		n = r->n_messages;
 		if (a->has_limit && shown + n > a->limit)
 			n = (size_t)(a->limit - shown);
+		warn_truncated(r, req.last_n);
+		for (size_t i = 0; i < n; i++)
+			tokens += r->messages[i]->token_estimate;
 		if (c->json) {
 			json_t *page = histctl_pb_to_json(&r->base);
 			json_t *msgs = json_object_get(page, "messages");
@@ -1162,7 +1176,12 @@ static int cmd_get(ctl *c, args *a)
 			break;
 	}
 	if (rc == EXIT_OKAY && c->json && out) {
+		char t[24];
+
 		json_object_del(out, "next_after_seq");
+		/* The sum over the messages shown, all pages. */
+		snprintf(t, sizeof(t), "%" PRIu64, tokens);
+		json_object_set_new(out, "token_estimate", json_string(t));
 		json_dumpf(out, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 		putchar('\n');
 	}
@@ -1327,6 +1346,24 @@ static int tail_follow(ctl *c, const char *sid, uint64_t after)
 		}
 		if (r == HISTD_STREAM_END) {
 			const histd_status *st = histd_client_stream_status(s);
+			const char *resume = st->code == GRPC_STATUS_RESOURCE_EXHAUSTED
+				? histd_status_trailer(st, "histd-resume-after-seq") : NULL;
+			char *end;
+			unsigned long long at = resume ? strtoull(resume, &end, 10) : 0;
+
+			/* Fell behind: the server says where to go on from
+			 * (the replay from there holds what was missed). */
+			if (resume && *resume && !*end) {
+				histd_client_stream_close(s);
+				s = NULL;
+				req.after_seq = at;
+				if (histd_client_stream_open(c->client, HISTD_PATH("Subscribe"),
+							     &req.base, 0, &s) < 0) {
+					fputs("histctl: cannot start Subscribe again\n", stderr);
+					return EXIT_ERROR;
+				}
+				continue;
+			}
 			if (st->code != GRPC_STATUS_OK)
 				rc = report_status(st);
 		} else {
@@ -1367,6 +1404,7 @@ static int cmd_tail(ctl *c, args *a)
 	req.last_n = n;
 	rc = call(c, HISTD_PATH("GetMessages"), &req, &histd__v1__get_messages_response__descriptor, &r);
 	if (rc == EXIT_OKAY) {
+		warn_truncated(r, n);
 		for (size_t i = 0; i < r->n_messages; i++) {
 			if (c->json)
 				print_json(&r->messages[i]->base, JSON_COMPACT);
@@ -1675,6 +1713,9 @@ int main(int argc, char **argv)
 	const char *md[3] = { NULL, NULL, NULL };
 	int rc;
 
+	/* Options go anywhere on the line (README): glibc's getopt stops at
+	 * the first argument instead under POSIXLY_CORRECT. */
+	unsetenv("POSIXLY_CORRECT");
 	a.timeout_s = 30;
 	a.target = getenv("HISTD_TARGET");
 	a.token = getenv("HISTD_TOKEN");
@@ -1732,7 +1773,12 @@ int main(int argc, char **argv)
 	c.json = a.json;
 	c.wide = a.wide;
 	rc = cmd->fn(&c, &a);
-	fflush(stdout);
+	/* Output that did not reach its file (a full disk) is a failure. */
+	if ((fflush(stdout) == EOF || ferror(stdout)) && rc == EXIT_OKAY) {
+		fprintf(stderr, "histctl: cannot write the output: %s\n",
+			strerror(errno));
+		rc = EXIT_ERROR;
+	}
 	histd_client_close(c.client);
 out:
 	free(bearer);

@@ -297,6 +297,52 @@ else
 	echo "# skipped: this histd has no --api-keys-file"
 fi
 
+# A histd with tiny limits: a subscriber queue of 2, pages of 5.
+start_histd --auth-disabled --log-level error --subscriber-queue 2 \
+	--max-page-size 5
+ctl create --id small >/dev/null
+for i in 1 2 3 4 5 6 7 8; do ctl append small "short $i" >/dev/null; done
+ctl get small --last 8 >"$dir/last8" 2>"$dir/last8.err"
+check "get --last above the page size says that fewer came back" \
+	grep -q "only the newest 5 of the last 8" "$dir/last8.err"
+ctl get small --json >"$dir/small.json"
+check "get --json's token_estimate is the sum over every page" \
+	[ "$(json_get "$dir/small.json" 'sum(int(m["token_estimate"]) for m in d["messages"]) == int(d["token_estimate"]) and len(d["messages"]) == 8')" = True ]
+POSIXLY_CORRECT=1 "$histctl" --target "$target" append small "said by" --role assistant >/dev/null
+ctl get small --last 1 --json >"$dir/posix.json"
+check "options after arguments are read under POSIXLY_CORRECT too" \
+	[ "$(json_get "$dir/posix.json" 'd["messages"][0]["role"]')" = ROLE_ASSISTANT ]
+if [ -w /dev/full ]; then
+	"$histctl" --target "$target" session small >/dev/full 2>"$dir/full.err"
+	rc=$?
+	check "output that cannot be written is exit 1 (got $rc)" [ "$rc" -eq 1 ]
+fi
+# tail -f that falls behind (stopped while 150 large appends go by) is
+# ended by the server with where to resume, and goes on from there:
+# every message is printed.
+/usr/bin/python3 -c 'print("x" * 60000)' >"$dir/big.txt"
+"$histctl" --target "$target" tail small -n 0 -f --json >"$dir/behind.json" 2>"$dir/behind.err" &
+tailpid=$!
+sleep 0.5
+kill -STOP "$tailpid"
+for i in $(seq 1 150); do ctl append small --file "$dir/big.txt" >/dev/null; done
+kill -CONT "$tailpid"
+ctl append small "the last one" >/dev/null
+wait_for "$dir/behind.json" "the last one"
+kill -TERM "$tailpid"; wait "$tailpid"; rc=$?; tailpid=
+check "tail -f that fell behind resumes and prints every message (exit $rc)" \
+	[ "$(/usr/bin/python3 -c '
+import json, sys
+seqs = set()
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    for k in ("appended", "replaced"):
+        for m in e.get(k, {}).get("messages", []):
+            seqs.add(int(m["seq"]))
+print(seqs >= set(range(10, 161)))' "$dir/behind.json")" = True ]
+check "tail -f that fell behind ends with 0" [ "$rc" -eq 0 ]
+kill -TERM "$pid"; wait "$pid"; pid=
+
 # TLS and mutual TLS: a histd serving TLS is reachable (certificates made
 # here by openssl, the server's for 127.0.0.1).
 sh_ssl() { openssl "$@" >/dev/null 2>&1; }
