@@ -42,6 +42,7 @@
 
 #include "compaction.h"
 #include "opts.h"
+#include "tokens.h"
 
 #define DEFAULT_KEEP 10
 #define DEFAULT_SUMMARY_TOKENS 1024
@@ -166,7 +167,7 @@ parse_when(struct compaction *c, const char *v, char *err, size_t cap)
 		} else {
 			goto bad;
 		}
-		if (!*num || *num == '-' || *num == '+')
+		if (*num < '0' || *num > '9')
 			goto bad;
 		x = strtoull(num, &end, 10);
 		if (*end || x == 0 || x > UINT32_MAX * 1000ull)
@@ -288,9 +289,14 @@ wanted_cut(const struct compaction *c, const histd_reduce *r)
 			cut = n - (size_t)tail;
 	}
 	if (r->max_tokens) {
-		/* Unset: the budget assumes the default summary size. */
+		/* Unset: the budget assumes the default summary size. The
+		 * summary message costs its text plus what wraps it (as the
+		 * host counts it: overhead, prefix, closing bracket). */
 		uint64_t fixed = r->system_tokens + (c->max_summary_tokens ?
-			c->max_summary_tokens : DEFAULT_SUMMARY_TOKENS);
+			c->max_summary_tokens : DEFAULT_SUMMARY_TOKENS) +
+			HISTD_TOKENS_MESSAGE_OVERHEAD +
+			histd_tokens_text(HISTD_SUMMARY_PREFIX,
+					  strlen(HISTD_SUMMARY_PREFIX)) + 1;
 		uint64_t avail = r->max_tokens > fixed ? r->max_tokens - fixed : 0;
 		uint64_t sum = 0;
 		size_t k = n;

@@ -47,12 +47,12 @@ lines_add(struct lines *l, char *s)
 }
 
 /* The first sentence of text, whitespace folded, cut at LINE_MAX_CHARS
- * on a UTF-8 boundary. */
+ * characters (not bytes: CJK or emoji lines are as long). */
 static char *
 first_sentence(const char *text)
 {
-	char *out = malloc(LINE_MAX_CHARS + 4);
-	size_t o = 0;
+	char *out = malloc(4 * LINE_MAX_CHARS + 4);
+	size_t o = 0, chars = 0;
 	int space = 0;
 
 	if (!out)
@@ -69,16 +69,22 @@ first_sentence(const char *text)
 			continue;
 		}
 		if (space && o) {
-			if (o >= LINE_MAX_CHARS)
+			if (chars >= LINE_MAX_CHARS)
 				break;
 			out[o++] = ' ';
+			chars++;
 		}
 		space = 0;
-		/* Stop at the limit, but only between characters (the
-		 * text is valid UTF-8: at most 3 continuation bytes). */
-		if (o >= LINE_MAX_CHARS && ((c & 0xc0) != 0x80 ||
-					    o >= LINE_MAX_CHARS + 3))
+		/* Stop at the limit, between characters: a continuation
+		 * byte belongs to the character already counted (the text
+		 * is valid UTF-8, at most 4 bytes a character). */
+		if ((c & 0xc0) != 0x80) {
+			if (chars >= LINE_MAX_CHARS)
+				break;
+			chars++;
+		} else if (o >= 4 * LINE_MAX_CHARS + 3) {
 			break;
+		}
 		out[o++] = (char)c;
 		if ((c == '.' || c == '!' || c == '?') &&
 		    (p[1] == ' ' || p[1] == '\n' || p[1] == '\0'))

@@ -22,7 +22,9 @@ histd_opt_uint(const histd_plugin_opt *o, uint64_t max, uint64_t *out,
 	char *end;
 	unsigned long long v;
 
-	if (!*s || *s == '-' || *s == '+' || *s == ' ')
+	/* Digits only: strtoull would take leading white space and a
+	 * sign. */
+	if (*s < '0' || *s > '9')
 		goto bad;
 	errno = 0;
 	v = strtoull(s, &end, 10);

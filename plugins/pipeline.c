@@ -1408,6 +1408,7 @@ histd_view_push_message(histd_view *v, Histd__V1__Message *m, uint32_t flags)
 /* What the safe-start scan needs of one message. */
 struct turn_info {
 	int role;
+	int reasoning;                  /* holds reasoning blocks */
 	const histd_view_tool *refs;    /* its tool blocks */
 	size_t n_refs;
 };
@@ -1437,13 +1438,17 @@ safe_scan(const struct turn_info *t, size_t n, size_t lo, unsigned char *safe,
 				histd_idset_del(&need, t[k].refs[j].id);
 		if (rc)
 			break;
-		/* Consecutive assistant messages are one turn (reasoning
-		 * items, then the message or calls they led to). */
+		/* An assistant message right after an assistant message
+		 * holding reasoning is that reasoning's turn (reasoning
+		 * items, then the message or calls they led to). Two plain
+		 * assistant messages in a row (two agents, a streamed
+		 * answer) may be cut between. */
 		if (k == 0)
 			cont = !first_is_start;
 		else
 			cont = t[k].role == HISTD__V1__ROLE__ROLE_ASSISTANT &&
-			       t[k - 1].role == HISTD__V1__ROLE__ROLE_ASSISTANT;
+			       t[k - 1].role == HISTD__V1__ROLE__ROLE_ASSISTANT &&
+			       t[k - 1].reasoning;
 		safe[k] = need.count == 0 && !cont;
 	}
 	histd_idset_free(&need);
@@ -1474,6 +1479,9 @@ msgs_turns(Histd__V1__Message *const *m, size_t n, struct turn_info **tp,
 		for (size_t j = 0; j < m[i]->n_content; j++) {
 			const Histd__V1__ContentBlock *b = m[i]->content[j];
 
+			if (b->block_case ==
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_REASONING)
+				t[i].reasoning = 1;
 			if (b->block_case ==
 			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL) {
 				refs[o].kind = HISTD_ITEM_CALLS;
@@ -1553,10 +1561,15 @@ histd_safe_starts_items_from(histd_view *v, size_t from, size_t lo,
 		histd_view_item *it = &v->items[from + i];
 
 		t[i].role = it->role;
-		/* The role of the one before lo decides whether lo
-		 * continues a turn. */
-		if (i == lo && i > 0)
-			t[i - 1].role = v->items[from + i - 1].role;
+		t[i].reasoning = (it->flags & HISTD_ITEM_REASONING) != 0;
+		/* The one before lo decides whether lo continues a turn. */
+		if (i == lo && i > 0) {
+			const histd_view_item *b = &v->items[from + i - 1];
+
+			t[i - 1].role = b->role;
+			t[i - 1].reasoning =
+				(b->flags & HISTD_ITEM_REASONING) != 0;
+		}
 		if (it->flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)) {
 			rc = histd_view_tools(v, from + i, &t[i].refs,
 					      &t[i].n_refs);

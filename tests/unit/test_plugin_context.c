@@ -550,6 +550,43 @@ the_window_keeps_a_system_message_mid_history_apart(void **state)
 	ut_free_msg(all);
 }
 
+/* Reduce with max_tokens: the CONTEXT view after it, summary message
+ * included (its text and what wraps it), is within the bound. */
+static void
+reduce_max_tokens_bounds_the_view_with_the_summary_message(void **state)
+{
+	static const char *const pl[] = {
+		"compaction", "keep_recent", "2",
+		"compaction", "max_summary_tokens", "100", NULL };
+	char long_text[121];
+	Histd__V1__ReduceResponse *rr;
+	Histd__V1__GetMessagesResponse *g;
+
+	(void)state;
+	assert_int_equal(ut_create("mt", pl), 0);
+	for (int i = 0; i < 38; i++)
+		append_msg("mt", i % 2 ? HISTD__V1__ROLE__ROLE_ASSISTANT :
+					 HISTD__V1__ROLE__ROLE_USER,
+			   i % 2 ? "Answer number." : "Question here.", NULL,
+			   NULL);
+	memset(long_text, 'w', sizeof(long_text) - 1);
+	for (size_t i = 5; i < sizeof(long_text) - 1; i += 6)
+		long_text[i] = ' ';
+	long_text[sizeof(long_text) - 1] = '\0';
+	append_msg("mt", HISTD__V1__ROLE__ROLE_USER, long_text, NULL, NULL);
+	append_msg("mt", HISTD__V1__ROLE__ROLE_ASSISTANT, long_text, NULL,
+		   NULL);
+	assert_int_equal(reduce_bounded("mt", 0, 200, &rr), 0);
+	assert_non_null(rr->summary);
+	ut_free_msg(rr);
+	g = get("mt", HISTD__V1__VIEW__VIEW_CONTEXT, 0);
+	assert_non_null(g->summary);
+	if (g->token_estimate > 200)
+		fail_msg("the view is %llu tokens, over max_tokens 200",
+			 (unsigned long long)g->token_estimate);
+	ut_free_msg(g);
+}
+
 /* What the context keeps of a session goes once the session is idle: a
  * service whose sessions come and go does not grow. Sessions of one
  * message each are made until the context holds fewer entries than the
@@ -1435,6 +1472,9 @@ main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			entries_of_idle_sessions_are_freed, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			reduce_max_tokens_bounds_the_view_with_the_summary_message,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			masked_results_are_markers_and_get_tool_result_has_the_original,
 			setup, teardown),

@@ -384,6 +384,32 @@ window_does_not_cut_reasoning_from_its_turn(void **state)
 	tx_free(&t);
 }
 
+/* Two plain assistant messages in a row (two agents, a streamed answer)
+ * are two messages: the window may start at the second, and does not
+ * drop both for want of the first. */
+static void
+window_starts_between_plain_assistant_messages(void **state)
+{
+	struct tx t = { 0 };
+	char got[256];
+	histd_pipeline *p;
+	histd_view *v;
+
+	(void)state;
+	tx_add(&t, SYS, "t:You are helpful.", NULL);              /* 1 */
+	tx_add(&t, USER, "t:Tell me two things.", NULL);          /* 2 */
+	tx_add(&t, ASST, "t:First thing.", NULL);                 /* 3 */
+	tx_add(&t, ASST, "t:Second thing.", NULL);                /* 4 */
+	p = parse("window:max_messages=1");
+	v = tx_view(&t);
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	seqs(v, got, sizeof(got));
+	assert_string_equal(got, "1,4");
+	histd_view_free(v);
+	histd_pipeline_free(p);
+	tx_free(&t);
+}
+
 static void
 window_asks_for_more_when_the_view_is_incomplete(void **state)
 {
@@ -902,6 +928,18 @@ unknown_plugins_and_bad_options_are_invalid_argument(void **state)
 	assert_int_equal(validate("", NULL, NULL, NULL, NULL), HISTD_EINVALID);
 	assert_string_equal(histd_error_message(),
 			    "config.pipeline.plugins[0].name is required");
+	/* Digits only: no white space or sign before them, which strtoull
+	 * would take. */
+	assert_int_equal(validate("window", "max_messages", "\t5", NULL, NULL),
+			 HISTD_EINVALID);
+	assert_int_equal(validate("window", "max_tokens", "\n7", NULL, NULL),
+			 HISTD_EINVALID);
+	assert_int_equal(validate("masking", "keep_recent_results", "\r2",
+				  NULL, NULL), HISTD_EINVALID);
+	assert_int_equal(validate("compaction", "auto_reduce_when",
+				  "tokens>=\t100", NULL, NULL), HISTD_EINVALID);
+	assert_int_equal(validate("compaction", "keep_recent", "+3", NULL,
+				  NULL), HISTD_EINVALID);
 
 	assert_int_equal(validate("window", "max_messages", "20", NULL, NULL),
 			 0);
@@ -1122,6 +1160,41 @@ extractive_rolling_summaries_stay_within_max_output_tokens(void **state)
 		tx_free(&t);
 	}
 	free(prev);
+	s->free(s);
+}
+
+/* A line is at most 200 characters, not bytes: 200 ideographs of a
+ * longer CJK message. */
+static void
+extractive_lines_are_200_characters(void **state)
+{
+	Histd__V1__Message msg = HISTD__V1__MESSAGE__INIT, *m = &msg;
+	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT, *bp = &b;
+	Histd__V1__TextBlock tb = HISTD__V1__TEXT_BLOCK__INIT;
+	histd_summarizer *s;
+	histd_summary_request req = { 0 };
+	histd_summary_result r = { 0 };
+	char cjk[3 * 300 + 1];
+
+	(void)state;
+	for (int i = 0; i < 300; i++)
+		memcpy(cjk + 3 * i, "\xe6\xbc\xa2", 3);   /* U+6F22 */
+	cjk[sizeof(cjk) - 1] = '\0';
+	tb.text = cjk;
+	b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+	b.text = &tb;
+	msg.role = USER;
+	msg.content = &bp;
+	msg.n_content = 1;
+	assert_int_equal(histd_extractive_new(&s), 0);
+	req.messages = &m;
+	req.n_messages = 1;
+	req.max_output_tokens = 4000;
+	assert_int_equal(s->summarize(s, &req, &r), 0);
+	assert_memory_equal(r.text, "user: ", 6);
+	assert_int_equal(strlen(r.text) - 6, 3 * 200);
+	free(r.text);
+	free(r.model);
 	s->free(s);
 }
 
@@ -1485,6 +1558,7 @@ main(void)
 		cmocka_unit_test(
 			window_by_tokens_fits_the_budget_with_system_counted),
 		cmocka_unit_test(window_does_not_cut_reasoning_from_its_turn),
+		cmocka_unit_test(window_starts_between_plain_assistant_messages),
 		cmocka_unit_test(
 			window_asks_for_more_when_the_view_is_incomplete),
 		cmocka_unit_test(masking_excluded_tools_take_no_recent_slot),
@@ -1504,6 +1578,7 @@ main(void)
 			extractive_rolling_summaries_stay_within_max_output_tokens),
 		cmocka_unit_test(
 			extractive_cuts_a_line_too_long_on_a_utf8_boundary),
+		cmocka_unit_test(extractive_lines_are_200_characters),
 		cmocka_unit_test(text_fit_cuts_between_characters),
 		cmocka_unit_test(
 			compaction_never_covers_a_call_waiting_for_its_result),
