@@ -2076,6 +2076,9 @@ worker_main(void *arg)
 				    retries < x->cfg.max_retries && !x->stop;
 			int64_t back = x->cfg.retry_base_us;
 			char tenant[256], id[256];
+			/* s may be freed once x->lock is let go (not busy,
+			 * maybe not queued): what the report needs is copied. */
+			histd_driver *sd = s->d;
 
 			snprintf(tenant, sizeof(tenant), "%s", s->tenant);
 			snprintf(id, sizeof(id), "%s", s->id);
@@ -2094,7 +2097,7 @@ worker_main(void *arg)
 				enqueue(x, s, s->not_before);
 			}
 			pthread_mutex_unlock(&x->lock);
-			report_what(x, s->d, tenant, id, life, what, plugin,
+			report_what(x, sd, tenant, id, life, what, plugin,
 				    rc, again);
 			pthread_mutex_lock(&x->lock);
 		} else {
