@@ -289,13 +289,8 @@ sess_get(histd_context *x, histd_driver *d, const char *tenant,
 	 const char *id)
 {
 	struct sess **b = &x->table[key_hash(tenant, id) % BUCKETS];
-	int64_t idle = x->cfg.entry_idle_us > 0 ? x->cfg.entry_idle_us :
-		       SESS_IDLE_US, before;
+	int64_t idle, before;
 	struct sess *s;
-
-	if (x->cfg.session_ttl_us > idle)
-		idle = x->cfg.session_ttl_us;
-	before = histd_mono_us() - idle;
 
 	if ((s = sess_find(x, tenant, id)))
 		return s;
@@ -305,6 +300,12 @@ sess_get(histd_context *x, histd_driver *d, const char *tenant,
 		pthread_rwlock_unlock(&x->table_lock);
 		return s;
 	}
+	/* Only a new entry reaps: a found one (every append) costs no
+	 * more than the lookup. */
+	idle = x->cfg.entry_idle_us > 0 ? x->cfg.entry_idle_us : SESS_IDLE_US;
+	if (x->cfg.session_ttl_us > idle)
+		idle = x->cfg.session_ttl_us;
+	before = histd_mono_us() - idle;
 	chain_reap(x, b, before);
 	for (int i = 0; i < REAP_STEP; i++) {
 		chain_reap(x, &x->table[x->reap_next], before);
