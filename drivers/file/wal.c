@@ -484,8 +484,16 @@ writer_main(void *arg)
 	}
 	/* Stopping: everything written is synced, even in never mode, so a
 	 * clean shutdown loses nothing; and the log is left exact. */
-	if (!w->failed && trim(w) == 0 && fdatasync(w->fd) == 0)
-		w->st.fsyncs++;
+	if (!w->failed) {
+		int rc = trim(w);
+
+		if (rc)
+			log_error(w, "ftruncate at close", -rc);
+		else if (fdatasync(w->fd) != 0)
+			log_error(w, "fdatasync at close", errno);
+		else
+			w->st.fsyncs++;
+	}
 	wake = take_waiters(w, UINT64_MAX);
 	pthread_cond_broadcast(&w->done);
 	pthread_mutex_unlock(&w->mu);
