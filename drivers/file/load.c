@@ -1157,21 +1157,34 @@ open_dir(hf_driver *d)
 	int rc;
 
 	if (mkdir(d->dir, 0700) == 0) {
-		/* A new directory: its name must be durable too. */
+		/* A new directory: its name must be durable too, or a crash
+		 * could take it with everything acknowledged in it. */
 		char *parent = strdup(d->dir), *slash;
-		int pfd;
+		size_t n;
+		int pfd, err = 0;
 
 		if (!parent)
 			return histd_error_set(HISTD_ENOMEM, "out of memory");
+		n = strlen(parent);
+		while (n > 1 && parent[n - 1] == '/')   /* "data/" */
+			parent[--n] = '\0';
 		slash = strrchr(parent, '/');
 		if (slash == parent)
 			slash[1] = '\0';
 		else if (slash)
 			*slash = '\0';
 		pfd = open(slash ? parent : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (pfd >= 0) {
-			fsync(pfd);
+		if (pfd < 0 || fsync(pfd) != 0)
+			err = errno;
+		if (pfd >= 0)
 			close(pfd);
+		if (err) {
+			rc = histd_error_set(HISTD_EUNAVAILABLE,
+					     "cannot make the new data directory %s durable (fsync of %s: %s)",
+					     d->dir, slash ? parent : ".", strerror(err));
+			free(parent);
+			rmdir(d->dir);  /* so that the next start checks again */
+			return rc;
 		}
 		free(parent);
 	} else if (errno != EEXIST) {
