@@ -305,13 +305,16 @@ hf_all_zero(const uint8_t *p, size_t n)
 
 /* Valid frames from p on, one after the other, up to the end of the
  * records: the end of the file, zeros to it (space the writer prepared),
- * or a frame of a known type that the end cut short (a torn write; cut
- * before its type byte, it cannot be told from other bytes). */
+ * a frame of a known type that the end cut short (a torn write; cut
+ * before its type byte, it cannot be told from other bytes), or a frame
+ * torn inside the prepared zeros: its length fits, part of it was never
+ * written (so its checksum fails), and only zeros follow it. */
 static int
 chain_to_end(const uint8_t *p, size_t avail)
 {
 	while (avail) {
 		uint32_t len;
+		size_t end;
 
 		switch (hf_frame_check(p, avail, &len)) {
 		case HF_FRAME_OK:
@@ -322,7 +325,13 @@ chain_to_end(const uint8_t *p, size_t avail)
 			return hf_all_zero(p, avail) || (avail > HF_FRAME_HEADER &&
 						   known_type(p[HF_FRAME_HEADER]));
 		default:
-			return hf_all_zero(p, avail);
+			if (hf_all_zero(p, avail))
+				return 1;
+			len = get_le32(p);
+			if (len == 0 || len > HF_FRAME_MAX)
+				return 0;
+			end = HF_FRAME_HEADER + (size_t)len;
+			return end <= avail && hf_all_zero(p + end, avail - end);
 		}
 	}
 	return 1;

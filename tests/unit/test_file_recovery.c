@@ -1154,6 +1154,71 @@ corrupted_middle_record_refuses_to_open_at_every_offset(void **state)
 	fixture_free(&f);
 }
 
+/* A crash in always or batch mode tears the last record inside the zeros
+ * written ahead of it: its length fits, its checksum fails, and zeros
+ * follow. That tail is cut. But damage before valid records is still
+ * refused when the log ends so (a bad record or file header, then valid
+ * records, then such a torn one), not taken for the start of the torn
+ * tail with the acknowledged records after it. */
+static void
+record_torn_inside_the_prepared_zeros(void **state)
+{
+	fixture f;
+	size_t len, got_len, hdr;
+	uint8_t *torn, *copy, *after;
+	histd_driver *d;
+	int n_torn = 0;
+
+	(void)state;
+	fixture_make(&f);
+	len = f.s2 + (f.s2 - f.s1) + (64u << 10);
+	torn = calloc(1, len);
+	copy = malloc(len);
+	assert_non_null(torn);
+	assert_non_null(copy);
+	/* Y keeps its header and part of its body; the rest is zeros. */
+	for (size_t t = f.s1 + HF_FRAME_HEADER + 1; t < f.s2; t++) {
+		memset(torn, 0, len);
+		memcpy(torn, f.bytes, t);
+		if (hf_all_zero(f.bytes + t, f.s2 - t))
+			continue;       /* Y's bytes from t were zeros already */
+		n_torn++;
+		expect_recovered_without_y(&f, torn, len, t);
+	}
+	assert_true(n_torn > 8);
+
+	/* X, or the header, damaged; Y whole; a record like Y after it torn
+	 * in its middle. */
+	memset(torn, 0, len);
+	memcpy(torn, f.bytes, f.s2);
+	memcpy(torn + f.s2, f.bytes + f.s1, (f.s2 - f.s1) / 2);
+	hdr = HF_FRAME_HEADER + (f.bytes[0] | (size_t)f.bytes[1] << 8 |
+				 (size_t)f.bytes[2] << 16 | (size_t)f.bytes[3] << 24);
+	assert_true(hdr < f.s0);
+	for (size_t at = 0; at < f.s1; at++) {
+		int rc;
+
+		if (at >= hdr && at < f.s0)     /* the file's header, and X */
+			continue;
+		memcpy(copy, torn, len);
+		copy[at] ^= 0x5a;
+		write_file(f.log, copy, len);
+		d = NULL;
+		rc = dopen(f.dir, "always", &d);
+		if (rc != HISTD_ECORRUPT)
+			fail_msg("offset %zu: open returned %s, not CORRUPT", at,
+				 histd_error_name(rc));
+		assert_null(d);
+		after = read_file(f.log, &got_len);
+		assert_int_equal(got_len, len);
+		assert_memory_equal(after, copy, len);
+		free(after);
+	}
+	free(copy);
+	free(torn);
+	fixture_free(&f);
+}
+
 static void
 torn_file_header_opens_empty(void **state)
 {
@@ -1817,6 +1882,7 @@ main(void)
 		cmocka_unit_test(torn_record_holding_a_frame_is_truncated_at_every_offset),
 		cmocka_unit_test(corrupted_last_record_is_truncated_at_every_offset),
 		cmocka_unit_test(corrupted_middle_record_refuses_to_open_at_every_offset),
+		cmocka_unit_test(record_torn_inside_the_prepared_zeros),
 		cmocka_unit_test(torn_file_header_opens_empty),
 		cmocka_unit_test(corrupted_snapshot_refuses_to_open),
 		cmocka_unit_test(second_open_of_a_data_directory_is_unavailable),
