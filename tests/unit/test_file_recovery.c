@@ -1118,39 +1118,44 @@ corrupted_last_record_is_truncated_at_every_offset(void **state)
 	fixture_free(&f);
 }
 
+/* Opens the log made of bytes with byte `at` flipped: refused as
+ * corrupt, naming the log, and the file left as it was (the operator
+ * gets it so). */
+static void
+expect_refused_with_flip(fixture *f, const uint8_t *bytes, size_t len,
+			 size_t at)
+{
+	uint8_t *copy = malloc(len), *after;
+	histd_driver *d = NULL;
+	size_t got;
+	int rc;
+
+	assert_non_null(copy);
+	memcpy(copy, bytes, len);
+	copy[at] ^= 0x5a;
+	write_file(f->log, copy, len);
+	rc = dopen(f->dir, "always", &d);
+	if (rc != HISTD_ECORRUPT)
+		fail_msg("offset %zu: open returned %s, not CORRUPT", at,
+			 histd_error_name(rc));
+	assert_null(d);
+	assert_non_null(strstr(histd_error_message(), LOG1));
+	after = read_file(f->log, &got);
+	assert_int_equal(got, len);
+	assert_memory_equal(after, copy, len);
+	free(after);
+	free(copy);
+}
+
 static void
 corrupted_middle_record_refuses_to_open_at_every_offset(void **state)
 {
 	fixture f;
-	uint8_t *copy, *after;
-	histd_driver *d;
 
 	(void)state;
 	fixture_make(&f);
-	copy = malloc(f.s2);
-	assert_non_null(copy);
-	for (size_t at = f.s0; at < f.s1; at++) {
-		size_t len;
-		int rc;
-
-		memcpy(copy, f.bytes, f.s2);
-		copy[at] ^= 0x5a;
-		write_file(f.log, copy, f.s2);
-		d = NULL;
-		rc = dopen(f.dir, "always", &d);
-		if (rc != HISTD_ECORRUPT)
-			fail_msg("offset %zu: open returned %s, not CORRUPT", at,
-				 histd_error_name(rc));
-		assert_null(d);
-		assert_non_null(strstr(histd_error_message(), LOG1));
-		/* Refusing changes nothing: the operator gets the file as
-		 * it was. */
-		after = read_file(f.log, &len);
-		assert_int_equal(len, f.s2);
-		assert_memory_equal(after, copy, len);
-		free(after);
-	}
-	free(copy);
+	for (size_t at = f.s0; at < f.s1; at++)
+		expect_refused_with_flip(&f, f.bytes, f.s2, at);
 	fixture_free(&f);
 }
 
@@ -1164,18 +1169,15 @@ static void
 record_torn_inside_the_prepared_zeros(void **state)
 {
 	fixture f;
-	size_t len, got_len, hdr;
-	uint8_t *torn, *copy, *after;
-	histd_driver *d;
+	size_t len, hdr;
+	uint8_t *torn;
 	int n_torn = 0;
 
 	(void)state;
 	fixture_make(&f);
 	len = f.s2 + (f.s2 - f.s1) + (64u << 10);
 	torn = calloc(1, len);
-	copy = malloc(len);
 	assert_non_null(torn);
-	assert_non_null(copy);
 	/* Y keeps its header and part of its body; the rest is zeros. */
 	for (size_t t = f.s1 + HF_FRAME_HEADER + 1; t < f.s2; t++) {
 		memset(torn, 0, len);
@@ -1195,26 +1197,9 @@ record_torn_inside_the_prepared_zeros(void **state)
 	hdr = HF_FRAME_HEADER + (f.bytes[0] | (size_t)f.bytes[1] << 8 |
 				 (size_t)f.bytes[2] << 16 | (size_t)f.bytes[3] << 24);
 	assert_true(hdr < f.s0);
-	for (size_t at = 0; at < f.s1; at++) {
-		int rc;
-
-		if (at >= hdr && at < f.s0)     /* the file's header, and X */
-			continue;
-		memcpy(copy, torn, len);
-		copy[at] ^= 0x5a;
-		write_file(f.log, copy, len);
-		d = NULL;
-		rc = dopen(f.dir, "always", &d);
-		if (rc != HISTD_ECORRUPT)
-			fail_msg("offset %zu: open returned %s, not CORRUPT", at,
-				 histd_error_name(rc));
-		assert_null(d);
-		after = read_file(f.log, &got_len);
-		assert_int_equal(got_len, len);
-		assert_memory_equal(after, copy, len);
-		free(after);
-	}
-	free(copy);
+	for (size_t at = 0; at < f.s1; at++)
+		if (at < hdr || at >= f.s0)     /* the file's header, and X */
+			expect_refused_with_flip(&f, torn, len, at);
 	free(torn);
 	fixture_free(&f);
 }
