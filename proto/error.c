@@ -45,6 +45,7 @@ histd_error_name(int code)
 	case HISTD_EPERM: return "PERMISSION_DENIED";
 	case HISTD_EUNIMPL: return "UNIMPLEMENTED";
 	case HISTD_ENOMEM: return "NO_MEMORY";
+	case HISTD_EDEADLINE: return "DEADLINE_EXCEEDED";
 	default: return "INTERNAL";
 	}
 }

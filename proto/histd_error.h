@@ -28,6 +28,8 @@ enum histd_err {
 	HISTD_EUNIMPL = -11,      /* not implemented */
 	HISTD_ENOMEM = -12,       /* out of memory */
 	HISTD_EINTERNAL = -13,    /* a bug or an unexpected library failure */
+	HISTD_EDEADLINE = -14,    /* the caller's deadline passed (the service's
+				   * own; drivers never return it) */
 };
 
 /* Sets this thread's message (printf-style) and returns code, so that

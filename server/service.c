@@ -2234,7 +2234,7 @@ slow_run(histd_service *s, struct slow_job *j)
 
 	histd_error_clear();
 	if (j->deadline_us && histd_mono_us() >= j->deadline_us)
-		rc = histd_error_set(HISTD_EUNAVAILABLE, "the deadline passed "
+		rc = histd_error_set(HISTD_EDEADLINE, "the deadline passed "
 				     "while the call waited for a provider-call "
 				     "thread");
 	else

@@ -77,7 +77,7 @@ check(enum histd_method m, int rc, const histd_reply *reply)
 		protobuf_c_message_free_unpacked(r, NULL);
 		return 0;
 	}
-	if (rc < HISTD_EINTERNAL || rc > 0)
+	if (rc < HISTD_EDEADLINE || rc > 0)
 		fail("an unknown error code", m, rc);
 	if (rc == HISTD_EINTERNAL || rc == HISTD_ECORRUPT)
 		fail("an internal or corrupt error", m, rc);
