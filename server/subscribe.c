@@ -435,6 +435,14 @@ histd_subscribe_begin(struct histd_call *c)
 		return;
 	}
 
+	/* Who calls, first: an unauthenticated caller learns nothing, not
+	 * even what is wrong with its request (as for unary calls). */
+	if ((rc = histd_call_caller(c, &who, 0)) != 0) {
+		fail(c, rc);
+		return;
+	}
+	if (s->auth)
+		c->auth_tenant = who.tenant;
 	if (histd_call_request_bytes(c, &bytes) != 0) {
 		fail(c, histd_error_set(HISTD_EINVALID, "request has no message"));
 		return;
@@ -454,10 +462,6 @@ histd_subscribe_begin(struct histd_call *c)
 					"as histd.v1.SubscribeRequest"));
 		return;
 	}
-	if ((rc = histd_call_caller(c, &who, 0)) != 0)
-		goto out_fail;
-	if (s->auth)
-		c->auth_tenant = who.tenant;
 	rc = histd_check_session_id(req->session_id, "session_id");
 	if (rc != 0)
 		goto out_fail;

@@ -91,6 +91,13 @@ try:
           == grpc.StatusCode.UNAUTHENTICATED, "not a bearer token: UNAUTHENTICATED")
     check(code_of(lambda: s.Subscribe(pb.SubscribeRequest(session_id="x"), timeout=5).next())
           == grpc.StatusCode.UNAUTHENTICATED, "Subscribe without token: UNAUTHENTICATED")
+    # Credentials come before the request is looked at, as for unary calls.
+    check(code_of(lambda: s.Subscribe(pb.SubscribeRequest(session_id="x\0y"), timeout=5).next())
+          == grpc.StatusCode.UNAUTHENTICATED,
+          "Subscribe without token, invalid request: UNAUTHENTICATED")
+    check(code_of(lambda: s.GetSession(pb.GetSessionRequest(session_id="x\0y"), timeout=5))
+          == grpc.StatusCode.UNAUTHENTICATED,
+          "GetSession without token, invalid request: UNAUTHENTICATED")
 
     # Tenants
     s.CreateSession(pb.CreateSessionRequest(session_id="shared-id"), metadata=md(KEY_A))
