@@ -22,7 +22,6 @@ enum opt_type {
 	OPT_U32,        /* uint32_t, >= 0; accepts K/M/G suffixes (1024) */
 	OPT_SIZE,       /* size_t, >= 0 */
 	OPT_SECONDS,    /* int64_t microseconds, given in seconds */
-	OPT_INT_SECONDS,/* int seconds */
 	OPT_BOOL,       /* int 0/1: "--flag" alone, or true/false/1/0 */
 };
 
@@ -126,7 +125,7 @@ static const struct opt opts[] = {
 	  "delete sessions idle for longer than this many seconds (0: never)" },
 	{ "ttl-sweep-interval", OPT_SECONDS, OFF(context.sweep_interval_us),
 	  "60", "seconds between sweeps for expired sessions (at least 1)" },
-	{ "shutdown-grace", OPT_INT_SECONDS, OFF(shutdown_grace_s), "10",
+	{ "shutdown-grace", OPT_SECONDS, OFF(shutdown_grace_us), "10",
 	  "seconds in-flight calls get to finish on SIGTERM" },
 	{ "log-level", OPT_STR, OFF(log_level), "info",
 	  "debug | info | warn | error" },
@@ -336,7 +335,6 @@ set_opt(histd_config *cfg, const struct opt *o, const char *val,
 		return 0;
 	}
 	case OPT_INT:
-	case OPT_INT_SECONDS:
 		ok = parse_uint(val, 0, INT_MAX, &v) == 0;
 		if (ok)
 			*(int *)base = (int)v;

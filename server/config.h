@@ -55,7 +55,7 @@ typedef struct histd_config {
 	histd_hub_config hub;
 	histd_context_config context;  /* the context pipeline (context.h) */
 	uint32_t replay_max;     /* messages one Subscribe may replay */
-	int shutdown_grace_s;
+	int64_t shutdown_grace_us;     /* in-flight calls may finish this long */
 	char *log_level;
 	char *metrics_listen;    /* host:port of /metrics; "" off */
 	char *metrics_port_file;

@@ -339,6 +339,9 @@ main(int argc, char **argv)
 	histd_driver_set_observer(histd_metrics_driver);
 	rc = histd_metrics_start(cfg.metrics_listen, &mport);
 	if (rc != 0) {
+		/* A host that does not resolve is a bad value (exit 2); a
+		 * port in use is not. */
+		bad_option = rc == HISTD_EINVALID;
 		histd_log(HISTD_LOG_ERROR, "cannot serve metrics",
 			  "error", histd_error_message(), NULL);
 		goto out;

@@ -403,7 +403,7 @@ histd_metrics_start(const char *listen, int *bound_port)
 				   MHD_OPTION_END);
 	freeaddrinfo(ai);
 	if (!daemon_)
-		return histd_error_set(HISTD_EINVALID, "cannot serve metrics "
+		return histd_error_set(HISTD_EUNAVAILABLE, "cannot serve metrics "
 				       "on %s", listen);
 	info = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_BIND_PORT);
 	*bound_port = info ? info->port : atoi(colon + 1);

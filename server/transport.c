@@ -1032,7 +1032,7 @@ histd_server_shutdown(histd_server *s)
 	grpc_event ev;
 	gpr_timespec grace = gpr_time_add(
 		gpr_now(GPR_CLOCK_MONOTONIC),
-		gpr_time_from_seconds(s->cfg->shutdown_grace_s, GPR_TIMESPAN));
+		gpr_time_from_micros(s->cfg->shutdown_grace_us, GPR_TIMESPAN));
 
 	atomic_store(&s->shutting_down, 1);
 	histd_health_stop(s);

@@ -23,7 +23,7 @@ int histd_server_start(histd_server **out, const histd_config *cfg,
 
 /* Graceful shutdown: health turns NOT_SERVING, the server stops accepting
  * calls, Subscribe streams end with UNAVAILABLE, calls in flight get
- * cfg->shutdown_grace_s seconds to finish and are cancelled after that;
+ * cfg->shutdown_grace_us microseconds to finish and are cancelled after that;
  * returns when every call is freed and every thread joined. */
 void histd_server_shutdown(histd_server *s);
 

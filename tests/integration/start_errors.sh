@@ -2,7 +2,8 @@
 # Options that are wrong only as histd uses them stop it at start with a
 # line naming them: a default pipeline that does not parse, a summarizer
 # or embedding provider without its key, an API keys file histd refuses
-# and a --metrics-listen port that is not one exit 2, as every bad option
+# and a --metrics-listen port that is not one (or a host that does not
+# resolve) exit 2, as every bad option
 # does; a metrics port file that cannot be written exits 1 (the file
 # system, not the option), like --port-file, and so do a --listen or
 # --metrics-listen port another histd holds (gRPC would share the first
@@ -46,6 +47,8 @@ expect 2 "api-keys-file $dir/keys line 1" --auth-disabled=false \
 # strtol would read the port as 0 and bind a random one.
 expect 2 "metrics-listen '127.0.0.1:9O9O' needs a port" \
 	--metrics-listen 127.0.0.1:9O9O
+expect 2 "metrics-listen 'nosuch.invalid:9090'" \
+	--metrics-listen nosuch.invalid:9090
 expect 1 "cannot write metrics port file" --metrics-listen 127.0.0.1:0 \
 	--metrics-port-file "$dir/missing/dir/port"
 

@@ -236,6 +236,7 @@ values_past_their_limit_are_refused(void **state)
 		{ "--posted-calls", "1025", "1024" },
 		{ "--idempotency-ttl", "3155760001", "3155760000" },
 		{ "--session-ttl", "9223372036854", "3155760000" },
+		{ "--shutdown-grace", "3155760001", "3155760000" },
 	};
 	histd_config cfg;
 
@@ -361,6 +362,7 @@ every_error_maps_to_its_status(void **state)
 	assert_int_equal(histd_status_from_error(HISTD_EPERM), GRPC_STATUS_PERMISSION_DENIED);
 	assert_int_equal(histd_status_from_error(HISTD_EUNIMPL), GRPC_STATUS_UNIMPLEMENTED);
 	assert_int_equal(histd_status_from_error(HISTD_EINTERNAL), GRPC_STATUS_INTERNAL);
+	assert_int_equal(histd_status_from_error(HISTD_EDEADLINE), GRPC_STATUS_DEADLINE_EXCEEDED);
 	assert_int_equal(histd_status_from_error(-999), GRPC_STATUS_INTERNAL);
 	assert_string_equal(histd_status_name(GRPC_STATUS_ABORTED), "ABORTED");
 }
