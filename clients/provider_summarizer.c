@@ -109,13 +109,18 @@ ps_summarize(histd_summarizer *s, const histd_summary_request *req,
 	histd_http_response_clear(&resp);
 	if (!answer || !json_is_object(answer)) {
 		json_decref(answer);
-		return histd_error_set(HISTD_EUNAVAILABLE, "provider answer is "
-				       "not a JSON object");
+		return histd_error_set(HISTD_EUNAVAILABLE, "%s: provider answer "
+				       "is not a JSON object", p->ops->key);
 	}
 	rc = p->ops->summary_response(answer, &res);
 	json_decref(answer);
-	if (rc)
-		return rc;
+	if (rc) {
+		/* Named like the HTTP layer's errors: which provider. */
+		char was[256];
+
+		snprintf(was, sizeof(was), "%s", histd_error_message());
+		return histd_error_set(rc, "%s: %s", p->ops->key, was);
+	}
 	if (!res.model[0]) {
 		/* Some answers omit the model: report the one asked for. */
 		free(res.model);

@@ -889,8 +889,8 @@ summary_response(json_t *root, histd_summary_result *out)
 			    "text"))
 			len += json_string_length(json_object_get(e, "text"));
 	if (!len)
-		return histd_error_set(HISTD_EUNAVAILABLE, "provider answer "
-				       "has no text");
+		return histd_error_set(HISTD_EUNAVAILABLE, "the summarizer "
+				       "returned an empty summary");
 	if (!(text = malloc(len + 1)))
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	len = 0;

@@ -992,8 +992,8 @@ histd_chat_summary_response(json_t *root, histd_summary_result *out)
 		return nomem();
 	if (!*text) {
 		free(text);
-		return histd_error_set(HISTD_EUNAVAILABLE, "provider answer "
-				       "has no text");
+		return histd_error_set(HISTD_EUNAVAILABLE, "the summarizer "
+				       "returned an empty summary");
 	}
 	if (!(out->model = strdup(model ? model : ""))) {
 		free(text);

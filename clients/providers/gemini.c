@@ -748,8 +748,8 @@ summary_response(json_t *root, histd_summary_result *out)
 		if (!json_is_true(json_object_get(p, "thought")))
 			len += json_string_length(json_object_get(p, "text"));
 	if (!len)
-		return histd_error_set(HISTD_EUNAVAILABLE, "provider answer "
-				       "has no text");
+		return histd_error_set(HISTD_EUNAVAILABLE, "the summarizer "
+				       "returned an empty summary");
 	if (!(text = malloc(len + 1)))
 		return nomem();
 	len = 0;

@@ -996,7 +996,8 @@ summary_response(json_t *root, histd_summary_result *out)
 		if (pass) {
 			if (!len)
 				return histd_error_set(HISTD_EUNAVAILABLE,
-					"provider answer has no text");
+					"the summarizer returned an empty "
+					"summary");
 			if (!(text = malloc(len + 1)))
 				return nomem();
 			len = 0;

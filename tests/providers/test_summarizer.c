@@ -201,7 +201,53 @@ malformed_answers_are_eunavailable(void **state)
 			assert_int_equal(sum->summarize(sum, &req, &res),
 					 HISTD_EUNAVAILABLE);
 			assert_null(res.text);
+			/* The message names the provider. */
+			assert_ptr_equal(strstr(histd_error_message(),
+						cases[i].provider),
+					 histd_error_message());
 		}
+		sum->free(sum);
+	}
+	stub_stop(s);
+}
+
+/* An answer in the right shape with no text (Anthropic thinking blocks
+ * alone, an empty Chat message, Gemini thoughts alone, a Responses message
+ * with no output text) fails as README says: UNAVAILABLE, "the summarizer
+ * returned an empty summary", named with its provider. */
+static void
+an_answer_without_text_is_an_empty_summary(void **state)
+{
+	static const char *const bodies[] = {
+		"{\"content\":[{\"type\":\"thinking\",\"thinking\":\"hm\","
+		"\"signature\":\"s\"}],\"model\":\"m1\"}",
+		"{\"choices\":[{\"message\":{\"role\":\"assistant\","
+		"\"content\":\"\"}}],\"model\":\"m1\"}",
+		"{\"output\":[{\"type\":\"reasoning\",\"summary\":[]}],"
+		"\"model\":\"m1\"}",
+		"{\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"hm\","
+		"\"thought\":true}]}}]}",
+		"{\"choices\":[{\"message\":{\"role\":\"assistant\","
+		"\"content\":\"\"}}],\"model\":\"m1\"}",
+	};
+	Histd__V1__Message *msgs[1];
+	stub *s = stub_start();
+
+	(void)state;
+	msgs[0] = text_message(HISTD__V1__ROLE__ROLE_USER, "hello");
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		histd_summarizer *sum = open_on(s, cases[i].provider, 0);
+		histd_summary_request req = { .messages = msgs, .n_messages = 1 };
+		histd_summary_result res = { 0 };
+
+		stub_push(s, (stub_reply){ 200, -1, 0, bodies[i] });
+		assert_int_equal(sum->summarize(sum, &req, &res),
+				 HISTD_EUNAVAILABLE);
+		assert_null(res.text);
+		assert_ptr_equal(strstr(histd_error_message(), cases[i].provider),
+				 histd_error_message());
+		assert_non_null(strstr(histd_error_message(),
+				       ": the summarizer returned an empty summary"));
 		sum->free(sum);
 	}
 	stub_stop(s);
@@ -373,6 +419,7 @@ main(void)
 		cmocka_unit_test(every_provider_summarizes_in_its_wire_format),
 		cmocka_unit_test(large_output_sizes_are_sent_as_they_are),
 		cmocka_unit_test(malformed_answers_are_eunavailable),
+		cmocka_unit_test(an_answer_without_text_is_an_empty_summary),
 		cmocka_unit_test(usage_counts_are_clamped),
 		cmocka_unit_test(rate_limits_and_refusals_map_to_codes),
 		cmocka_unit_test(
