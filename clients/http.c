@@ -280,11 +280,15 @@ stopping(void)
 			       "the provider call was abandoned");
 }
 
+/* What may pass: timeouts, conflicts, rate limits, and every server
+ * error but those that say the request itself cannot be served (501 Not
+ * Implemented, 505 HTTP Version Not Supported). Proxies and providers
+ * use many more than 500-504: Cloudflare's 520-524, Anthropic's 529. */
 static int
 retryable_status(long st)
 {
-	return st == 408 || st == 409 || st == 429 || st == 500 ||
-	       st == 502 || st == 503 || st == 504 || st == 529;
+	return st == 408 || st == 409 || st == 429 ||
+	       (st >= 500 && st <= 599 && st != 501 && st != 505);
 }
 
 static int
@@ -332,7 +336,8 @@ rand64(void)
 	return r;
 }
 
-/* Full jitter: uniform in [base*2^n / 2, base*2^n], capped. */
+/* Jitter: uniform in [d / 2, d], d = base*2^n capped, so that retries
+ * spread out but never come sooner than half the backoff. */
 static int64_t
 backoff_ms(const histd_http_config *cfg, uint32_t n)
 {

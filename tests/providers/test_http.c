@@ -166,6 +166,16 @@ server_errors_are_retried(void **state)
 	assert_int_equal(post(f, 0, &r), 0);
 	assert_int_equal(r.attempts, 3);
 	histd_http_response_clear(&r);
+	/* A proxy's 5xx too (Cloudflare 520) */
+	stub_push(f->s, (stub_reply){ 520, -1, 0, "origin error" });
+	assert_int_equal(post(f, 0, &r), 0);
+	assert_int_equal(r.attempts, 2);
+	histd_http_response_clear(&r);
+	/* but not one that says the request cannot be served. */
+	stub_push(f->s, (stub_reply){ 501, -1, 0, "not implemented" });
+	assert_int_equal(post(f, 0, &r), HISTD_EUNAVAILABLE);
+	assert_int_equal(r.attempts, 1);
+	histd_http_response_clear(&r);
 	teardown(f);
 }
 
