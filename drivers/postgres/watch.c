@@ -765,11 +765,12 @@ catch_up(pg_driver *d, int64_t sid)
 				goto oom;
 			i = j;
 		}
-		/* Summaries before a clear in the gap are gone with it. */
-		for (size_t i = 0; i < n_ev; i++)
-			if (ev[i].summary && ev[i].revision <= floor)
-				ev[i].revision = 0;
-		if (meta_rev > L && meta_rev > floor) {
+		/* Summaries and the session's record are delivered whatever
+		 * clear or truncate came after them: the rows read are those
+		 * still stored (a clear deletes every summary, a truncate
+		 * those it covers), and a clear or truncate leaves labels and
+		 * config as they were. */
+		if (meta_rev > L) {
 			pg_params sp = { 0 };
 
 			pg_p_i64(&sp, sid);

@@ -11,7 +11,8 @@
  *   one's hook gets every change the first one makes, in revision order,
  *   with its records, also after its LISTEN connection was killed;
  *   truncates reach it as CLEARED keeping system messages, also when it
- *   catches up on changes it missed;
+ *   catches up on changes it missed; an update or summary that a clear
+ *   or truncate follows within one catch-up still reaches it;
  * - limits hold for writes racing on two instances;
  * - appends answered later through on_result (HISTD_DEFERRED) get the
  *   same results as waiting ones, from a copy of the request, and every
@@ -23,6 +24,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -899,6 +901,108 @@ own_changes_reach_the_hook_before_the_call_returns(void **state)
 		pthread_mutex_unlock(&h.mu);
 	}
 	histd_driver_set_notify(f->d, NULL, NULL);
+	free(h.v);
+}
+
+/* The backend of the newest listener connection (the last driver
+ * opened): stopped, it delivers no notice until it continues, and then
+ * all of them at once. */
+static pid_t
+newest_listener_backend(const char *dsn)
+{
+	return (pid_t)sql_long(dsn, "SELECT pid FROM pg_stat_activity WHERE "
+			       "application_name = 'histd listener' AND datname "
+			       "= current_database() ORDER BY backend_start DESC "
+			       "LIMIT 1");
+}
+
+/* The index of the change of this kind at this revision; fails if none. */
+static size_t
+seen_at(hook *h, size_t from, enum histd_change_kind kind, uint64_t rev)
+{
+	for (size_t i = from; i < h->n; i++)
+		if (h->v[i].kind == kind && h->v[i].revision == rev)
+			return i;
+	fail_msg("no change of kind %d at revision %" PRIu64, kind, rev);
+	return 0;
+}
+
+/* A second instance that learns of several changes at once reads them in
+ * one catch-up; a clear or truncate among them removes messages, not an
+ * earlier UpdateSession (labels and config stay) nor a summary that
+ * outlives the truncate: both still reach its hook, in order. */
+static void
+a_catch_up_keeps_the_update_and_summary_a_clear_or_truncate_follows(void **state)
+{
+	fixture *f = *state;
+	histd_driver *d2;
+	hook h = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+		   .next_seq = 1 };
+	histd_kv label = { "team", "red" };
+	histd_session *upd = NULL;
+	histd_append_result res;
+	histd_record summary;
+	uint64_t rev, urev, crev, srev, cleared, cur;
+	uint8_t *sum;
+	size_t from, len, at_u, at_c, at_s;
+	pid_t pid;
+
+	f->d = open_driver(f->dsn, 4);
+	d2 = open_driver(f->dsn, 4);
+	histd_driver_set_notify(d2, on_change, &h);
+	create(f->d, "s");
+	track(d2, "s");
+	assert_int_equal(append_text(f->d, "s", "a", NULL), 0);
+	wait_revision(&h, revision_of(f->d, "s"), 10000);
+	pid = newest_listener_backend(f->dsn);
+	assert_true(pid > 0);
+
+	/* An update, then a clear. */
+	from = h.n;
+	assert_int_equal(kill(pid, SIGSTOP), 0);
+	assert_int_equal(histd_driver_session_update(f->d, "t", "s", 0, &label, 1,
+						     NULL, 0, histd_now_us(), &upd,
+						     NULL), 0);
+	urev = upd->revision;
+	histd_session_free(upd);
+	assert_int_equal(histd_driver_clear(f->d, "t", "s", 0, &crev, &cleared,
+					    NULL), 0);
+	assert_int_equal(kill(pid, SIGCONT), 0);
+	wait_revision(&h, crev, 15000);
+	pthread_mutex_lock(&h.mu);
+	hook_check(&h);
+	at_u = seen_at(&h, from, HISTD_CHANGE_UPDATED, urev);
+	at_c = seen_at(&h, from, HISTD_CHANGE_CLEARED, crev);
+	assert_true(at_u < at_c);
+	assert_int_equal(h.v[at_u].has_session, 1);
+	pthread_mutex_unlock(&h.mu);
+
+	/* A clear, appends, a summary of the last two, a truncate below it. */
+	pid = newest_listener_backend(f->dsn);
+	from = h.n;
+	assert_int_equal(kill(pid, SIGSTOP), 0);
+	assert_int_equal(histd_driver_clear(f->d, "t", "s", 0, &crev, &cleared,
+					    NULL), 0);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(append_text(f->d, "s", "b", &res), 0);
+	sum = pack_message("summary", "", 0, &len);
+	summary = (histd_record){ .seq = res.first_seq, .token_estimate = 3,
+				  .len = (uint32_t)len, .data = sum };
+	assert_int_equal(histd_driver_summary_put(f->d, "t", "s", 0, &summary,
+						  &srev, NULL), 0);
+	free(sum);
+	assert_int_equal(histd_driver_truncate(f->d, "t", "s", res.first_seq - 2,
+					       0, &rev, &cur), 0);
+	assert_int_equal(kill(pid, SIGCONT), 0);
+	wait_revision(&h, rev, 15000);
+	pthread_mutex_lock(&h.mu);
+	hook_check(&h);
+	at_s = seen_at(&h, from, HISTD_CHANGE_SUMMARY, srev);
+	assert_int_equal(h.v[at_s].n_records, 1);
+	assert_int_equal(h.v[at_s].first_seq, res.first_seq);
+	assert_int_equal(h.v[h.n - 1].revision, rev);
+	pthread_mutex_unlock(&h.mu);
+	histd_driver_close(d2);
 	free(h.v);
 }
 
@@ -1834,6 +1938,7 @@ main(void)
 		T(second_instance_gets_every_change_of_the_first_in_order),
 		T(second_instance_catches_up_after_its_listener_was_killed),
 		T(own_changes_reach_the_hook_before_the_call_returns),
+		T(a_catch_up_keeps_the_update_and_summary_a_clear_or_truncate_follows),
 		T(truncate_reaches_the_second_instance_as_cleared_keeping_system_messages),
 		T(a_clear_of_an_empty_session_reaches_the_second_instance),
 		T(a_second_instance_that_missed_truncates_catches_up_to_the_stored_session),
