@@ -5,10 +5,12 @@
  */
 #include "index.h"
 
+#include <locale.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <wctype.h>
 
 #define BM25_K1 1.2
 #define BM25_B 0.75
@@ -72,18 +74,44 @@ utf8_next(const unsigned char *p, size_t n, uint32_t *cp)
 	return len;
 }
 
+/* Unicode's letters, digits and combining marks, as glibc's built-in
+ * C.UTF-8 locale classes them (whatever locale the process runs in). */
+static locale_t utf8_ctype;
+static wctype_t combining;
+static pthread_once_t utf8_once = PTHREAD_ONCE_INIT;
+
+static void
+utf8_ctype_open(void)
+{
+	utf8_ctype = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+	if (utf8_ctype)
+		combining = wctype_l("combining", utf8_ctype);
+}
+
+/* A letter or digit of any script, or a combining mark (an accent, a
+ * vowel sign, a virama: part of its word); not punctuation, symbols
+ * (currency, arrows, mathematical signs), emoji or spaces. */
 static int
 is_word(uint32_t c)
 {
 	if (c < 0x80)
 		return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
 		       (c >= 'A' && c <= 'Z');
-	if (c <= 0xBF || c == 0xD7 || c == 0xF7 || c == 0xFFFD)
+	/* Marks that go with symbols and emoji, not letters: variation
+	 * selectors, the combining marks for symbols (a keycap). */
+	if (c == 0xFFFD || c == 0xFEFF || (c >= 0xFE00 && c <= 0xFE0F) ||
+	    (c >= 0xE0100 && c <= 0xE01EF) || (c >= 0x20D0 && c <= 0x20FF))
 		return 0;
-	if ((c >= 0x2000 && c <= 0x206F) || (c >= 0x3000 && c <= 0x303F) ||
-	    (c >= 0xFF01 && c <= 0xFF0F) || c == 0xFEFF)
+	pthread_once(&utf8_once, utf8_ctype_open);
+	if (utf8_ctype)
+		return iswalnum_l((wint_t)c, utf8_ctype) ||
+		       (combining && iswctype_l((wint_t)c, combining, utf8_ctype));
+	/* No C.UTF-8 (a libc without it): everything past Latin-1's
+	 * symbols but the punctuation and symbol blocks. */
+	if (c <= 0xBF || c == 0xD7 || c == 0xF7)
 		return 0;
-	return 1;
+	return !((c >= 0x2000 && c <= 0x2BFF) || (c >= 0x3000 && c <= 0x303F) ||
+		 (c >= 0xFF01 && c <= 0xFF0F) || (c >= 0x1F000 && c <= 0x1FAFF));
 }
 
 static uint32_t

@@ -7,10 +7,9 @@
  * the text of text blocks, the text and summary of reasoning blocks, the
  * name and arguments of tool calls ("main" text), and the text blocks
  * inside tool results ("tool" text, counted only by searches that ask for
- * it). Tokens: maximal runs of letters and digits, where every non-ASCII
- * code point counts as a letter except the Unicode spaces and general
- * punctuation (U+00A0..U+00BF, U+2000..U+206F, U+3000..U+303F, U+FF01..
- * U+FF0F); ASCII, Latin-1, Greek (with tonos and dialytika too) and
+ * it). Tokens: maximal runs of Unicode letters and digits (as glibc's
+ * C.UTF-8 classes them) and combining marks; symbols, emoji, spaces and
+ * punctuation separate them. ASCII, Latin-1, Greek (with tonos and dialytika too) and
  * Cyrillic capitals are lowercased, and Greek final sigma is sigma.
  * No stemming and no stop words: "run" does not find "running". Tokens
  * longer than 64 bytes are cut there. The query is tokenized the same way;

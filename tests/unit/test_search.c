@@ -479,11 +479,53 @@ unpack_tells_bad_bytes_from_lack_of_memory(void **state)
 	histd__v1__message__free_unpacked(got, NULL);
 }
 
+static void
+collect(void *ctx, const char *tok, size_t len)
+{
+	char *out = ctx;
+
+	(void)len;
+	strcat(out, "[");
+	strcat(out, tok);
+	strcat(out, "]");
+}
+
+/* Words are runs of Unicode letters and digits with their combining
+ * accents: currency signs, arrows, mathematical signs, emoji and
+ * full-width punctuation separate them (README, "Lexical"). */
+static void
+words_are_letters_and_digits_of_any_script(void **state)
+{
+	static const struct {
+		const char *text, *tokens;
+	} cases[] = {
+		{ "the price is 5\u20ac and done\u2705 a\u2192b",
+		  "[the][price][is][5][and][done][a][b]" },
+		{ "x\u2265y 3\u2212z \U0001F600smile 1\ufe0f\u20e3",
+		  "[x][y][3][z][smile][1]" },
+		{ "\u4e2d\u6587\uff1f\uff21\uff22 \u0928\u092e\u0938\u094d\u0924\u0947",
+		  "[\u4e2d\u6587][\uff21\uff22][\u0928\u092e\u0938\u094d\u0924\u0947]" },
+		{ "nai\u0308ve Stra\u00dfe \u0417\u0414\u0420\u0410\u0412\u0421\u0422\u0412\u0423\u0419",
+		  "[nai\u0308ve][stra\u00dfe][\u0437\u0434\u0440\u0430\u0432\u0441\u0442\u0432\u0443\u0439]" },
+		{ "\u20ac\u2192\u2705", "" },
+	};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char got[512] = "";
+
+		histd_index_tokens(cases[i].text, strlen(cases[i].text), collect,
+				   got);
+		assert_string_equal(got, cases[i].tokens);
+	}
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(unpack_tells_bad_bytes_from_lack_of_memory),
+		cmocka_unit_test(words_are_letters_and_digits_of_any_script),
 		cmocka_unit_test_setup_teardown(semantic_search_fails_cleanly_out_of_memory,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(lexical_search_fails_cleanly_out_of_memory,
