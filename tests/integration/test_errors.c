@@ -194,6 +194,17 @@ static void request_that_does_not_decode_is_invalid_argument(void **state)
 	histd_status_reset(&st);
 }
 
+/* Calls name, about a session that does not exist: NOT_FOUND. */
+static void not_found(const char *name, const void *req,
+		      const ProtobufCMessageDescriptor *resp_desc)
+{
+	histd_status st;
+	histd_status_init(&st);
+	call_st(name, req, resp_desc, &st);
+	expect(&st, GRPC_STATUS_NOT_FOUND, NULL);
+	histd_status_reset(&st);
+}
+
 static void unknown_session_is_not_found_for_every_method(void **state)
 {
 	(void)state;
@@ -204,45 +215,68 @@ static void unknown_session_is_not_found_for_every_method(void **state)
 
 	Histd__V1__GetSessionRequest g = HISTD__V1__GET_SESSION_REQUEST__INIT;
 	g.session_id = (char *)id;
-	call_st("GetSession", &g, &histd__v1__session__descriptor, &st);
-	expect(&st, GRPC_STATUS_NOT_FOUND, NULL);
+	not_found("GetSession", &g, &histd__v1__session__descriptor);
 	/* The status never echoes more than the id, if that. */
 
 	Histd__V1__AppendRequest ap = HISTD__V1__APPEND_REQUEST__INIT;
 	ap.session_id = (char *)id;
 	ap.n_messages = 1;
 	ap.messages = tm_texts(a, 1, "lost");
-	call_st("Append", &ap, &histd__v1__append_response__descriptor, &st);
-	expect(&st, GRPC_STATUS_NOT_FOUND, NULL);
+	not_found("Append", &ap, &histd__v1__append_response__descriptor);
 
 	Histd__V1__GetMessagesRequest gm = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
 	gm.session_id = (char *)id;
-	call_st("GetMessages", &gm,
-		&histd__v1__get_messages_response__descriptor, &st);
-	expect(&st, GRPC_STATUS_NOT_FOUND, NULL);
+	not_found("GetMessages", &gm,
+		  &histd__v1__get_messages_response__descriptor);
 
 	Histd__V1__ClearRequest cl = HISTD__V1__CLEAR_REQUEST__INIT;
 	cl.session_id = (char *)id;
-	call_st("Clear", &cl, &histd__v1__clear_response__descriptor, &st);
-	expect(&st, GRPC_STATUS_NOT_FOUND, NULL);
+	not_found("Clear", &cl, &histd__v1__clear_response__descriptor);
 
 	Histd__V1__ReplaceRequest rp = HISTD__V1__REPLACE_REQUEST__INIT;
 	rp.session_id = (char *)id;
-	call_st("Replace", &rp, &histd__v1__replace_response__descriptor,
-		&st);
-	expect(&st, GRPC_STATUS_NOT_FOUND, NULL);
+	not_found("Replace", &rp, &histd__v1__replace_response__descriptor);
 
 	Histd__V1__DeleteSessionRequest d =
 		HISTD__V1__DELETE_SESSION_REQUEST__INIT;
 	d.session_id = (char *)id;
-	call_st("DeleteSession", &d,
-		&histd__v1__delete_session_response__descriptor, &st);
-	expect(&st, GRPC_STATUS_NOT_FOUND, NULL);
+	not_found("DeleteSession", &d,
+		  &histd__v1__delete_session_response__descriptor);
 
 	Histd__V1__ForkSessionRequest f = HISTD__V1__FORK_SESSION_REQUEST__INIT;
 	f.session_id = (char *)id;
-	call_st("ForkSession", &f, &histd__v1__session__descriptor, &st);
-	expect(&st, GRPC_STATUS_NOT_FOUND, NULL);
+	not_found("ForkSession", &f, &histd__v1__session__descriptor);
+
+	/* Valid but for the session: a mask naming a field, a format. */
+	char *labels_path[1] = { "labels" };
+	Google__Protobuf__FieldMask mask = GOOGLE__PROTOBUF__FIELD_MASK__INIT;
+	mask.n_paths = 1;
+	mask.paths = labels_path;
+	Histd__V1__UpdateSessionRequest u =
+		HISTD__V1__UPDATE_SESSION_REQUEST__INIT;
+	u.session_id = (char *)id;
+	u.update_mask = &mask;
+	not_found("UpdateSession", &u, &histd__v1__session__descriptor);
+
+	Histd__V1__ReduceRequest rd = HISTD__V1__REDUCE_REQUEST__INIT;
+	rd.session_id = (char *)id;
+	not_found("Reduce", &rd, &histd__v1__reduce_response__descriptor);
+
+	Histd__V1__ExportRequest ex = HISTD__V1__EXPORT_REQUEST__INIT;
+	ex.session_id = (char *)id;
+	ex.format = HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT;
+	not_found("Export", &ex, &histd__v1__export_response__descriptor);
+
+	Histd__V1__ImportRequest im = HISTD__V1__IMPORT_REQUEST__INIT;
+	im.session_id = (char *)id;
+	im.format = HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT;
+	im.json = "{\"messages\": [{\"role\": \"user\", \"content\": \"lost\"}]}";
+	not_found("Import", &im, &histd__v1__import_response__descriptor);
+
+	Histd__V1__SearchRequest se = HISTD__V1__SEARCH_REQUEST__INIT;
+	se.session_id = (char *)id;
+	se.query = "lost";
+	not_found("Search", &se, &histd__v1__search_response__descriptor);
 
 	/* A known session, an unknown tool call. */
 	char *known = t_create_session(client, "nf-tools");
