@@ -51,28 +51,16 @@ teardown(void **state)
 	return rc;
 }
 
-/* A session with one plugin and up to two options. */
-static grpc_status_code
-create(tarena *a, const char *id, const char *plugin, const char *k1,
-       const char *v1, const char *k2, const char *v2)
+/* A plugin with up to two options. */
+static Histd__V1__PluginConfig *
+plugin(tarena *a, const char *name, const char *k1, const char *v1,
+       const char *k2, const char *v2)
 {
-	Histd__V1__CreateSessionRequest *r = ta_alloc(a, sizeof(*r));
-	Histd__V1__SessionConfig *c = ta_alloc(a, sizeof(*c));
-	Histd__V1__Pipeline *pl = ta_alloc(a, sizeof(*pl));
 	Histd__V1__PluginConfig *pc = ta_alloc(a, sizeof(*pc));
-	Histd__V1__PluginConfig **pcs = ta_alloc(a, sizeof(*pcs));
 	void **opts = ta_alloc(a, 2 * sizeof(void *));
-	Histd__V1__Session *out = NULL;
-	histd_status st;
-	grpc_status_code code;
 
-	histd_status_init(&st);
-	histd__v1__create_session_request__init(r);
-	histd__v1__session_config__init(c);
-	histd__v1__pipeline__init(pl);
 	histd__v1__plugin_config__init(pc);
-	r->session_id = ta_strdup(a, id);
-	pc->name = ta_strdup(a, plugin);
+	pc->name = ta_strdup(a, name);
 	if (k1)
 		opts[pc->n_options++] = tm_entry(a,
 			&histd__v1__plugin_config__options_entry__descriptor,
@@ -82,9 +70,27 @@ create(tarena *a, const char *id, const char *plugin, const char *k1,
 			&histd__v1__plugin_config__options_entry__descriptor,
 			k2, v2);
 	pc->options = (Histd__V1__PluginConfig__OptionsEntry **)opts;
-	pcs[0] = pc;
+	return pc;
+}
+
+/* A session whose pipeline is these n plugins, in this order. */
+static grpc_status_code
+create_pipeline(tarena *a, const char *id, Histd__V1__PluginConfig **pcs,
+		size_t n)
+{
+	Histd__V1__CreateSessionRequest *r = ta_alloc(a, sizeof(*r));
+	Histd__V1__SessionConfig *c = ta_alloc(a, sizeof(*c));
+	Histd__V1__Pipeline *pl = ta_alloc(a, sizeof(*pl));
+	Histd__V1__Session *out = NULL;
+	histd_status st;
+	grpc_status_code code;
+
+	histd__v1__create_session_request__init(r);
+	histd__v1__session_config__init(c);
+	histd__v1__pipeline__init(pl);
+	r->session_id = ta_strdup(a, id);
 	pl->plugins = pcs;
-	pl->n_plugins = plugin[0] ? 1 : 0;
+	pl->n_plugins = n;
 	c->pipeline = pl;
 	r->config = c;
 	histd_status_init(&st);
@@ -94,6 +100,17 @@ create(tarena *a, const char *id, const char *plugin, const char *k1,
 	histd_client_message_free((ProtobufCMessage *)out);
 	histd_status_reset(&st);
 	return code;
+}
+
+/* A session with one plugin and up to two options ("": no plugin). */
+static grpc_status_code
+create(tarena *a, const char *id, const char *name, const char *k1,
+       const char *v1, const char *k2, const char *v2)
+{
+	Histd__V1__PluginConfig **pcs = ta_alloc(a, sizeof(*pcs));
+
+	pcs[0] = plugin(a, name, k1, v1, k2, v2);
+	return create_pipeline(a, id, pcs, name[0] ? 1 : 0);
 }
 
 static void
@@ -117,18 +134,33 @@ append(tarena *a, const char *id, Histd__V1__Message *m)
 	histd_status_reset(&st);
 }
 
-/* user, assistant tool call, tool result, assistant answer. */
+/* user, assistant tool call, tool result, assistant answer. With
+ * user_result the result comes in a user message that also says something
+ * (Anthropic's shape), so dropping the result alone would leave the
+ * message in the view. */
 static void
-turn(tarena *a, const char *id, int i)
+turn(tarena *a, const char *id, int i, int user_result)
 {
+	Histd__V1__Message *res;
 	char cid[32];
 
 	snprintf(cid, sizeof(cid), "call-%d", i);
 	append(a, id, tm_text(a, HISTD__V1__ROLE__ROLE_USER,
 			      ta_printf(a, "Question %d.", i)));
 	append(a, id, tm_tool_call(a, cid, "read_file", "{}"));
-	append(a, id, tm_tool_result(a, cid, "read_file",
-				     "a result long enough to mask"));
+	res = tm_tool_result(a, cid, "read_file",
+			     "a result long enough to mask");
+	if (user_result) {
+		Histd__V1__ContentBlock **b = ta_alloc(a, 2 * sizeof(*b));
+
+		b[0] = res->content[0];
+		b[1] = tm_text(a, HISTD__V1__ROLE__ROLE_USER,
+			       ta_printf(a, "Result %d, thanks.", i))->content[0];
+		res->role = HISTD__V1__ROLE__ROLE_USER;
+		res->content = b;
+		res->n_content = 2;
+	}
+	append(a, id, res);
 	append(a, id, tm_text(a, HISTD__V1__ROLE__ROLE_ASSISTANT,
 			      ta_printf(a, "Answer %d.", i)));
 }
@@ -169,32 +201,70 @@ pipelines_are_checked_at_create_session(void **state)
 	ta_free(a);
 }
 
+/* Whether message i's block b is a tool result whose call is in the view
+ * before it. */
+static int
+result_follows_its_call(const Histd__V1__GetMessagesResponse *g, size_t i,
+			const Histd__V1__ContentBlock *b)
+{
+	for (size_t j = 0; j < i; j++)
+		for (size_t k = 0; k < g->messages[j]->n_content; k++) {
+			const Histd__V1__ContentBlock *c =
+				g->messages[j]->content[k];
+
+			if (c->block_case ==
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_CALL &&
+			    strcmp(c->tool_call->id,
+				   b->tool_result->tool_call_id) == 0)
+				return 1;
+		}
+	return 0;
+}
+
+/*
+ * A system message and four turns (user, tool call, tool result in a user
+ * message that also says something, answer): 17 messages. The window of
+ * the last 10 non-system messages would start at turn 1's result, cut
+ * from its call; it starts later, at "Answer 1.", and keeps 9 (a view that
+ * only dropped the orphan block would keep its message: 10). Masking
+ * (keep_recent_results=1) leaves turn 3's result and masks the one other
+ * result in view, turn 2's.
+ */
 static void
 context_view_windows_and_masks_without_splitting_pairs(void **state)
 {
 	tarena *a = ta_new();
+	Histd__V1__PluginConfig *pcs[2];
 	Histd__V1__GetMessagesResponse *g;
-	int masked = 0;
+	int results = 0, masked = 0;
 
 	(void)state;
-	assert_int_equal(create(a, "ctx1", "masking", "keep_recent_results",
-				"1", NULL, NULL), GRPC_STATUS_OK);
+	pcs[0] = plugin(a, "masking", "keep_recent_results", "1", NULL, NULL);
+	pcs[1] = plugin(a, "window", "max_messages", "10", NULL, NULL);
+	assert_int_equal(create_pipeline(a, "ctx1", pcs, 2), GRPC_STATUS_OK);
 	append(a, "ctx1", tm_text(a, HISTD__V1__ROLE__ROLE_SYSTEM, "Be kind."));
 	for (int i = 0; i < 4; i++)
-		turn(a, "ctx1", i);
+		turn(a, "ctx1", i, 1);
 	g = get_context(a, "ctx1");
-	assert_int_equal(g->n_messages, 17);
+	assert_int_equal(g->n_messages, 1 + 9);
 	assert_string_equal(tm_first_text(g->messages[0]), "Be kind.");
-	for (size_t i = 0; i < g->n_messages; i++) {
-		Histd__V1__ContentBlock *b = g->messages[i]->content[0];
+	assert_string_equal(tm_first_text(g->messages[1]), "Answer 1.");
+	assert_string_equal(tm_first_text(g->messages[9]), "Answer 3.");
+	for (size_t i = 0; i < g->n_messages; i++)
+		for (size_t k = 0; k < g->messages[i]->n_content; k++) {
+			Histd__V1__ContentBlock *b = g->messages[i]->content[k];
 
-		if (b->block_case ==
-		    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT &&
-		    strstr(b->tool_result->content[0]->text->text,
-			   "[tool result masked: tool_call_id=call-"))
-			masked++;
-	}
-	assert_int_equal(masked, 3);
+			if (b->block_case !=
+			    HISTD__V1__CONTENT_BLOCK__BLOCK_TOOL_RESULT)
+				continue;
+			assert_true(result_follows_its_call(g, i, b));
+			results++;
+			if (strstr(b->tool_result->content[0]->text->text,
+				   "[tool result masked: tool_call_id=call-"))
+				masked++;
+		}
+	assert_int_equal(results, 2);
+	assert_int_equal(masked, 1);
 	histd_client_message_free((ProtobufCMessage *)g);
 	ta_free(a);
 }
@@ -218,7 +288,7 @@ reduce_publishes_a_reduced_event_and_the_view_starts_with_it(void **state)
 			 GRPC_STATUS_OK);
 	append(a, "red1", tm_text(a, HISTD__V1__ROLE__ROLE_SYSTEM, "Sys."));
 	for (int i = 0; i < 5; i++)
-		turn(a, "red1", i);
+		turn(a, "red1", i, 0);
 	s = t_subscribe(client, "red1", 21);
 	histd__v1__reduce_request__init(r);
 	r->session_id = "red1";
@@ -283,7 +353,7 @@ the_default_pipeline_compacts_automatically(void **state)
 	histd_status_reset(&st);
 	histd_client_message_free((ProtobufCMessage *)out);
 	for (int i = 0; i < 8; i++)
-		turn(a, "auto1", i);
+		turn(a, "auto1", i, 0);
 	for (int tries = 0; tries < 100; tries++) {
 		g = get_context(a, "auto1");
 		if (g->summary)
