@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -63,14 +64,16 @@ static void *call_ok(const char *name, const void *req,
 	return resp;
 }
 
-/* Calls a method and returns its status code (the status is reset). */
-static grpc_status_code call_code(const char *name, const void *req,
+/* Calls a method through c and returns its status code (the status is
+ * reset). */
+static grpc_status_code call_code(histd_client *c, const char *name,
+				  const void *req,
 				  const ProtobufCMessageDescriptor *resp_desc)
 {
 	ProtobufCMessage *resp = NULL;
 	histd_status st;
 	histd_status_init(&st);
-	t_call(client, name, req, resp_desc, &resp, &st);
+	t_call(c, name, req, resp_desc, &resp, &st);
 	grpc_status_code code = st.code;
 	histd_client_message_free(resp);
 	histd_status_reset(&st);
@@ -285,7 +288,7 @@ static void delete_session_then_get_is_not_found(void **state)
 	histd_client_message_free(&r->base);
 	Histd__V1__GetSessionRequest g = HISTD__V1__GET_SESSION_REQUEST__INIT;
 	g.session_id = id;
-	assert_int_equal(call_code("GetSession", &g,
+	assert_int_equal(call_code(client, "GetSession", &g,
 				   &histd__v1__session__descriptor),
 			 GRPC_STATUS_NOT_FOUND);
 	free(id);
@@ -820,19 +823,89 @@ static void call_to_a_port_nobody_listens_on_is_unavailable_at_once(void **state
 	histd_client_close(c);
 }
 
+#define MD_KEY "key-md-0123456789abcdef"
+
+/* The first event of a Subscribe from seq 0 through c: its status code, and
+ * an appended event when OK. */
+static grpc_status_code subscribe_code(histd_client *c, const char *id)
+{
+	histd_client_stream *s = t_subscribe(c, id, 0);
+	int res;
+	Histd__V1__HistoryEvent *ev = t_next_event(s, 10000, &res);
+	grpc_status_code code = GRPC_STATUS_OK;
+	if (ev)
+		assert_int_equal(ev->event_case,
+				 HISTD__V1__HISTORY_EVENT__EVENT_APPENDED);
+	else
+		code = histd_client_stream_status(s)->code;
+	histd_client_message_free((ProtobufCMessage *)ev);
+	histd_client_stream_close(s);
+	return code;
+}
+
+/* A server that wants a key, which only the client's default metadata
+ * carries: with it unary and streaming calls (also one with metadata of
+ * its own) are OK; a client whose default metadata lacks it is
+ * UNAUTHENTICATED on the same calls. */
 static void default_metadata_of_the_client_goes_with_every_call(void **state)
 {
 	(void)state;
-	static const char *const md[] = { "x-client", "integration", NULL };
+	char dir[] = "/tmp/histd-md-XXXXXX", keys[64];
+	assert_non_null(mkdtemp(dir));
+	snprintf(keys, sizeof(keys), "%s/keys", dir);
+	FILE *f = fopen(keys, "w");
+	assert_non_null(f);
+	assert_true(fputs(MD_KEY " tenant-md\n", f) >= 0);
+	assert_int_equal(fclose(f), 0);
+	const char *const args[] = { "--api-keys-file", keys, NULL };
+	histd_proc *p = NULL;
+	assert_int_equal(harness_start(&p, args), 0);
+
+	static const char *const md[] = { "x-client", "integration",
+		"authorization", "Bearer " MD_KEY, NULL };
+	static const char *const md_keyless[] = { "x-client", "integration",
+						  NULL };
 	histd_client_options opt = HISTD_CLIENT_OPTIONS_INIT;
+	histd_client *c = NULL, *keyless = NULL;
 	opt.metadata_kv = md;
-	histd_client *c = NULL;
-	assert_int_equal(histd_client_open_ex(server->target, &opt, &c), 0);
+	assert_int_equal(histd_client_open_ex(p->target, &opt, &c), 0);
+	opt.metadata_kv = md_keyless;
+	assert_int_equal(histd_client_open_ex(p->target, &opt, &keyless), 0);
+
 	char *id = t_create_session(c, "md-default");
 	assert_int_equal(t_append_texts(c, id, 1, "m", 0, NULL),
 			 GRPC_STATUS_OK);
+	Histd__V1__GetSessionRequest g = HISTD__V1__GET_SESSION_REQUEST__INIT;
+	g.session_id = id;
+	static const char *const own[] = { "x-request-id", "r-1", NULL };
+	ProtobufCMessage *resp = NULL;
+	histd_status st;
+	histd_status_init(&st);
+	histd_client_unary(c, HISTD_PATH("GetSession"), &g.base,
+			   &histd__v1__session__descriptor, T_TIMEOUT_MS, own,
+			   &resp, &st);
+	assert_status(&st, GRPC_STATUS_OK);
+	histd_client_message_free(resp);
+	histd_status_reset(&st);
+	assert_int_equal(subscribe_code(c, id), GRPC_STATUS_OK);
+
+	Histd__V1__CreateSessionRequest cr =
+		HISTD__V1__CREATE_SESSION_REQUEST__INIT;
+	assert_int_equal(call_code(keyless, "CreateSession", &cr,
+				   &histd__v1__session__descriptor),
+			 GRPC_STATUS_UNAUTHENTICATED);
+	assert_int_equal(call_code(keyless, "GetSession", &g,
+				   &histd__v1__session__descriptor),
+			 GRPC_STATUS_UNAUTHENTICATED);
+	assert_int_equal(subscribe_code(keyless, id),
+			 GRPC_STATUS_UNAUTHENTICATED);
+
 	free(id);
+	histd_client_close(keyless);
 	histd_client_close(c);
+	assert_int_equal(harness_stop(p), 0);
+	assert_int_equal(unlink(keys), 0);
+	assert_int_equal(rmdir(dir), 0);
 }
 
 int main(int argc, char **argv)
