@@ -265,16 +265,28 @@ else
 	bad "options of the wrong command ($refused refused, $taken taken):$wrong"
 fi
 expect_exit "export with an unknown format is a usage error" 2 export "$sid2" --format klingon
-"$histctl" --target "$target" export "$sid2" --format openai-chat >/dev/null 2>&1
-rc=$?
-check "export answers OK or UNIMPLEMENTED (exit 0 or 10)" [ "$rc" -eq 0 -o "$rc" -eq 10 ]
-echo '{"messages": [{"role": "user", "content": "hi"}]}' >"$dir/chat.json"
-"$histctl" --target "$target" import "$sid2" --format openai-chat "$dir/chat.json" >/dev/null 2>&1
-rc=$?
-check "import answers OK or UNIMPLEMENTED (exit 0 or 10)" [ "$rc" -eq 0 -o "$rc" -eq 10 ]
-"$histctl" --target "$target" reduce "$sid2" --max-entries 1 >/dev/null 2>&1
-rc=$?
-check "reduce answers OK or UNIMPLEMENTED (exit 0 or 10)" [ "$rc" -eq 0 -o "$rc" -eq 10 ]
+# Export, import and reduce, on a session whose compaction keeps one
+# message verbatim (the default keeps 10: nothing would be reduced).
+sid3=$(ctl create --config '{"pipeline": {"plugins": [{"name": "compaction", "options": {"keep_recent": "1"}}]}}')
+ctl append "$sid3" "export me first" >/dev/null
+ctl append "$sid3" --role assistant "export me second" >/dev/null
+expect_exit "export answers OK" 0 export "$sid3" --format openai-chat
+check "export's JSON holds the session's messages" \
+	[ "$(json_get "$dir/out" '[(m["role"], m["content"]) for m in d["messages"]]')" = \
+	  "[('user', 'export me first'), ('assistant', 'export me second')]" ]
+echo '{"messages": [{"role": "user", "content": "imported hi"}]}' >"$dir/chat.json"
+expect_exit "import answers OK" 0 import "$sid3" --format openai-chat "$dir/chat.json"
+check "import reports the seq it appended" grep -q "^seq 3\.\.3 revision" "$dir/out"
+ctl get "$sid3" --json >"$dir/get.json"
+check "get shows the imported message after the others" \
+	[ "$(json_get "$dir/get.json" '[m["content"][0]["text"]["text"] for m in d["messages"]]')" = \
+	  "['export me first', 'export me second', 'imported hi']" ]
+expect_exit "reduce answers OK" 0 reduce "$sid3" --max-entries 1
+check "reduce prints the summary of all but the newest message" \
+	grep -q "^summary of seq 1\.\.2 (.*): user: export me first" "$dir/out"
+ctl session "$sid3" --json >"$dir/reduced.json"
+check "the session counts the summary" \
+	[ "$(json_get "$dir/reduced.json" 'd["stats"].get("summary_count")')" = 1 ]
 
 kill -TERM "$pid"
 wait "$pid"
