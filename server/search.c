@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "embeddings.h"
 #include "histd_wire.h"
 #include "index/index.h"
 #include "service.h"
@@ -62,14 +63,19 @@ histd_search_session_embedding(const uint8_t *config, size_t len,
 	if (c && c->embeddings) {
 		*provider = c->embeddings->provider;
 		*model = c->embeddings->model;
-		return (*provider)[0] != '\0';
-	}
-	if (e && e->default_provider && e->default_provider[0]) {
+	} else if (e && e->default_provider && e->default_provider[0]) {
 		*provider = e->default_provider;
 		*model = e->default_model ? e->default_model : "";
-		return 1;
+	} else {
+		return 0;
 	}
-	return 0;
+	if (!(*provider)[0])
+		return 0;
+	/* No model is the provider's default: one model, however a config
+	 * spells it (searches rank one model by the cosine alone). */
+	if (!(*model)[0] && histd_embeddings_default_model(*provider))
+		*model = histd_embeddings_default_model(*provider);
+	return 1;
 }
 
 /* ---------------------------------------------------------------------- */

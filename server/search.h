@@ -78,7 +78,8 @@ int histd_search_rpc(histd_driver *d, const char *tenant,
 
 /* The effective embedding (provider, model) of a packed SessionConfig
  * (NULL config: none), with the embedder's default when it names none:
- * 1 and the two strings set (borrowed from *cfg or the embedder), or 0
+ * 1 and the two strings set (borrowed from *cfg, the embedder or the
+ * provider's default model when the config names none), or 0
  * for no embeddings; ENOMEM, or ECORRUPT for bytes that do not decode
  * (*cfg NULL), never taken for "no embeddings". *cfg is freed with
  * histd__v1__session_config__free_unpacked(cfg, NULL) by the caller. */

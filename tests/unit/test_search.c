@@ -520,12 +520,49 @@ words_are_letters_and_digits_of_any_script(void **state)
 	}
 }
 
+/* A session whose embeddings name no model uses the provider's default:
+ * the same model as one that names it, so a search over both ranks one
+ * model by the cosine, not two rankings fused. */
+static void
+no_model_is_the_provider_default_model(void **state)
+{
+	Histd__V1__SessionConfig c = HISTD__V1__SESSION_CONFIG__INIT;
+	Histd__V1__EmbeddingConfig e = HISTD__V1__EMBEDDING_CONFIG__INIT;
+	Histd__V1__SessionConfig *got = NULL;
+	const char *prov = NULL, *model = NULL;
+	uint8_t buf[128];
+	size_t len;
+
+	(void)state;
+	e.provider = "openai";
+	e.model = "";
+	c.embeddings = &e;
+	len = histd__v1__session_config__pack(&c, buf);
+	assert_int_equal(histd_search_session_embedding(buf, len, &got, &prov,
+							&model), 1);
+	assert_string_equal(prov, "openai");
+	assert_string_equal(model, "text-embedding-3-small");
+	histd__v1__session_config__free_unpacked(got, NULL);
+	e.model = "text-embedding-3-large";
+	len = histd__v1__session_config__pack(&c, buf);
+	assert_int_equal(histd_search_session_embedding(buf, len, &got, &prov,
+							&model), 1);
+	assert_string_equal(model, "text-embedding-3-large");
+	histd__v1__session_config__free_unpacked(got, NULL);
+	e.provider = "";
+	len = histd__v1__session_config__pack(&c, buf);
+	assert_int_equal(histd_search_session_embedding(buf, len, &got, &prov,
+							&model), 0);
+	histd__v1__session_config__free_unpacked(got, NULL);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(unpack_tells_bad_bytes_from_lack_of_memory),
 		cmocka_unit_test(words_are_letters_and_digits_of_any_script),
+		cmocka_unit_test(no_model_is_the_provider_default_model),
 		cmocka_unit_test_setup_teardown(semantic_search_fails_cleanly_out_of_memory,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(lexical_search_fails_cleanly_out_of_memory,
