@@ -427,6 +427,7 @@ imp_item(histd_imp *im, json_t *it, long k, group *g)
 	}
 	if (!strcmp(type, "function_call_output")) {
 		Histd__V1__ContentBlock *b;
+		json_t *out;
 
 		if ((rc = histd_get_str(im, it, "call_id", 1, &id)))
 			return rc;
@@ -447,9 +448,13 @@ imp_item(histd_imp *im, json_t *it, long k, group *g)
 									NULL);
 			return nomem();
 		}
-		if ((rc = imp_parts(im, json_object_get(it, "output"),
-				    "output", NULL, b->tool_result, x, NULL,
-				    -1))) {
+		/* Export writes a result of one text (or none) as a string,
+		 * as an appended one goes: keep that a list came. */
+		out = json_object_get(it, "output");
+		if ((json_is_array(out) &&
+		     (rc = mark(x, "$content", json_string("array")))) ||
+		    (rc = imp_parts(im, out, "output", NULL, b->tool_result,
+				    x, NULL, -1))) {
 			json_decref(x);
 			histd__v1__content_block__free_unpacked(b, NULL);
 			return rc;
@@ -660,7 +665,9 @@ out:
 	return rc;
 }
 
-/* Sets item["content"] (or "output") from parts with shape marks in sx. */
+/* Sets item["content"] (or "output") from parts with shape marks in sx:
+ * one plain text or none goes as a string where it came as one, and for
+ * an output with no mark (a result appended, not imported). */
 static int
 put_parts(json_t *item, const char *key, json_t *parts, json_t *sx)
 {
@@ -671,14 +678,10 @@ put_parts(json_t *item, const char *key, json_t *parts, json_t *sx)
 			    : NULL;
 	int plain = t && json_object_size(one) == 2 &&
 		    (!strcmp(t, "input_text") || !strcmp(t, "output_text"));
+	int as_string = shape ? !strcmp(shape, "string")
+			      : !strcmp(key, "output");
 
-	if (shape && !strcmp(shape, "string") &&
-	    (plain || json_array_size(parts) == 0))
-		return json_object_set_new(item, key, json_string(
-			plain ? json_string_value(json_object_get(one, "text"))
-			      : ""));
-	if (!shape && (plain || json_array_size(parts) == 0) &&
-	    !strcmp(key, "output"))
+	if (as_string && (plain || json_array_size(parts) == 0))
 		return json_object_set_new(item, key, json_string(
 			plain ? json_string_value(json_object_get(one, "text"))
 			      : ""));

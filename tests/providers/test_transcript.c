@@ -847,6 +847,35 @@ chat_members_a_role_does_not_read_round_trip(void **state)
 				 sizeof(cases) / sizeof(cases[0]));
 }
 
+/* A Responses function_call_output whose output is a list of parts (one
+ * text, or none) comes back as a list, not as the string an appended
+ * result gets. */
+static void
+responses_output_list_round_trips(void **state)
+{
+	static const body_case cases[] = {
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"input\":[{\"type\":\"function_call\",\"call_id\":"
+		  "\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},{\"type\":"
+		  "\"function_call_output\",\"call_id\":\"c1\",\"output\":"
+		  "[{\"type\":\"input_text\",\"text\":\"ok\"}]}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"input\":[{\"type\":\"function_call\",\"call_id\":"
+		  "\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},{\"type\":"
+		  "\"function_call_output\",\"call_id\":\"c1\",\"output\":"
+		  "[]}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"input\":[{\"type\":\"function_call\",\"call_id\":"
+		  "\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},{\"type\":"
+		  "\"function_call_output\",\"call_id\":\"c1\",\"output\":"
+		  "\"\"}]}" },
+	};
+
+	(void)state;
+	assert_bodies_round_trip("output list", cases,
+				 sizeof(cases) / sizeof(cases[0]));
+}
+
 int
 main(void)
 {
@@ -869,6 +898,7 @@ main(void)
 			repeated_argument_keys_are_listed_where_an_object_goes),
 		cmocka_unit_test(responses_image_without_detail_round_trips),
 		cmocka_unit_test(chat_members_a_role_does_not_read_round_trip),
+		cmocka_unit_test(responses_output_list_round_trips),
 	};
 
 	return cmocka_run_group_tests(tests, load_goldens, free_goldens);
