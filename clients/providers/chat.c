@@ -351,22 +351,22 @@ imp_calls(const histd_chat_dialect *d, histd_imp *im, json_t *msg,
  * tool_call_id outside a tool message, a refusal outside an assistant
  * message of OpenAI are kept in mx as they came. Tool calls outside an
  * assistant message would go unseen (no pairing, no export but as
- * extras): refused, unless null or empty.
+ * extras): refused, unless null or empty. A null or empty tool_calls
+ * holds no call, in any role: kept as it came (Export writes tool_calls
+ * only for calls).
  */
 static int
 keep_unread(const histd_chat_dialect *d, histd_imp *im, json_t *e,
 	    const char *role, json_t *mx)
 {
-	json_t *v;
+	json_t *v = json_object_get(e, "tool_calls");
+	int no_calls = json_is_null(v) || (json_is_array(v) &&
+					   !json_array_size(v));
 
-	if (strcmp(role, "assistant") &&
-	    (v = json_object_get(e, "tool_calls")) &&
-	    !json_is_null(v) && !(json_is_array(v) && !json_array_size(v)))
+	if (v && !no_calls && strcmp(role, "assistant"))
 		return histd_imp_fail_at(im, "tool_calls", "only in assistant "
 					 "messages");
-	if (strcmp(role, "assistant") &&
-	    (v = json_object_get(e, "tool_calls")) &&
-	    json_object_set(mx, "tool_calls", v))
+	if (v && no_calls && json_object_set(mx, "tool_calls", v))
 		return nomem();
 	if (strcmp(role, "tool") &&
 	    (v = json_object_get(e, "tool_call_id")) &&

@@ -876,6 +876,32 @@ responses_output_list_round_trips(void **state)
 				 sizeof(cases) / sizeof(cases[0]));
 }
 
+/* An assistant message's "tool_calls": null (what the OpenAI SDK's
+ * model_dump() writes) or [] holds no call and comes back as it came. */
+static void
+chat_null_or_empty_tool_calls_round_trip(void **state)
+{
+	static const body_case cases[] = {
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT,
+		  "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+		  "{\"role\":\"assistant\",\"content\":\"hello\","
+		  "\"refusal\":null,\"tool_calls\":null,\"audio\":null}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_CHAT,
+		  "{\"messages\":[{\"role\":\"assistant\",\"content\":"
+		  "\"hello\",\"tool_calls\":[]}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_MISTRAL,
+		  "{\"messages\":[{\"role\":\"assistant\",\"content\":"
+		  "\"hello\",\"tool_calls\":null}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_MISTRAL,
+		  "{\"messages\":[{\"role\":\"assistant\",\"content\":"
+		  "\"hello\",\"tool_calls\":[]}]}" },
+	};
+
+	(void)state;
+	assert_bodies_round_trip("no calls", cases,
+				 sizeof(cases) / sizeof(cases[0]));
+}
+
 int
 main(void)
 {
@@ -899,6 +925,7 @@ main(void)
 		cmocka_unit_test(responses_image_without_detail_round_trips),
 		cmocka_unit_test(chat_members_a_role_does_not_read_round_trip),
 		cmocka_unit_test(responses_output_list_round_trips),
+		cmocka_unit_test(chat_null_or_empty_tool_calls_round_trip),
 	};
 
 	return cmocka_run_group_tests(tests, load_goldens, free_goldens);
