@@ -216,16 +216,18 @@ imp_block(histd_imp *im, json_t *blk, Histd__V1__Message *m,
 			return histd_imp_fail_at(im, "type", "reasoning only in "
 						 "assistant messages");
 		if (type[0] == 't') {
+			/* Anthropic requires the signature: export could not
+			 * write thinking without one. */
 			if ((rc = histd_get_str(im, blk, "thinking", 1, &s)) ||
-			    (rc = histd_get_str(im, blk, "signature", 0, &sig)))
+			    (rc = histd_get_str(im, blk, "signature", 1, &sig)))
 				return rc;
-			if (!*s && !(sig && *sig))
+			if (!*s && !*sig)
 				return histd_imp_fail_at(im, "thinking",
 							 "is empty");
 			x = histd_extras(blk, k_thinking);
 			b = histd_blk_reasoning(s, NULL, sig, NULL, 0, 0);
 			/* An explicit empty signature is kept as such. */
-			if (x && sig && !*sig &&
+			if (x && !*sig &&
 			    json_object_set_new(x, "$signature",
 						json_string("")))
 				goto nomem;

@@ -902,6 +902,87 @@ chat_null_or_empty_tool_calls_round_trip(void **state)
 				 sizeof(cases) / sizeof(cases[0]));
 }
 
+/* An assistant message as Append stores it: reasoning r (no provider
+ * state unless the caller gives it) then the text "the answer". */
+typedef struct reasoning_msg {
+	Histd__V1__Message m;
+	Histd__V1__ContentBlock r, t, *bp[2];
+	Histd__V1__ReasoningBlock rb;
+	Histd__V1__TextBlock tb;
+} reasoning_msg;
+
+static void
+hold_reasoning(reasoning_msg *a, const char *text)
+{
+	*a = (reasoning_msg){
+		.m = HISTD__V1__MESSAGE__INIT,
+		.r = HISTD__V1__CONTENT_BLOCK__INIT,
+		.t = HISTD__V1__CONTENT_BLOCK__INIT,
+		.rb = HISTD__V1__REASONING_BLOCK__INIT,
+		.tb = HISTD__V1__TEXT_BLOCK__INIT,
+	};
+	a->rb.text = (char *)text;
+	a->r.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_REASONING;
+	a->r.reasoning = &a->rb;
+	a->tb.text = "the answer";
+	a->t.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+	a->t.text = &a->tb;
+	a->bp[0] = &a->r;
+	a->bp[1] = &a->t;
+	a->m.role = HISTD__V1__ROLE__ROLE_ASSISTANT;
+	a->m.content = a->bp;
+	a->m.n_content = 2;
+}
+
+/* Exports a's message to f: its reasoning is left out, listed as
+ * dropped with a line holding `why`; its text goes. */
+static void
+assert_reasoning_dropped(Histd__V1__Format f, reasoning_msg *a,
+			 const char *why)
+{
+	Histd__V1__Message *mp = &a->m;
+	histd_strlist dropped = { 0 };
+	char *out = NULL;
+
+	assert_int_equal(histd_transcript_to_json(f, &mp, 1, &out, &dropped),
+			 0);
+	assert_non_null(strstr(out, "the answer"));
+	assert_null(strstr(out, "thinking"));
+	assert_null(strstr(out, "reasoning"));
+	assert_int_equal(dropped.n, 1);
+	assert_non_null(strstr(dropped.v[0], why));
+	free(out);
+	histd_strlist_clear(&dropped);
+}
+
+/* Anthropic requires the signature of a thinking block: Import refuses one
+ * without it, naming the path, rather than keep what Export cannot write.
+ * Reasoning a caller appended (no signature) is dropped and listed. */
+static void
+anthropic_thinking_without_signature_is_refused(void **state)
+{
+	const char *body =
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+		"{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\","
+		"\"thinking\":\"hmm\"},{\"type\":\"text\",\"text\":"
+		"\"hello\"}]}]}";
+	histd_transcript t = { 0 };
+	reasoning_msg a;
+
+	(void)state;
+	assert_int_equal(histd_transcript_from_json(
+		HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES, body,
+		strlen(body), NULL, &t), HISTD_EINVALID);
+	assert_string_equal(histd_error_message(), "messages[1].content[0]."
+			    "signature: is required");
+	histd_transcript_clear(&t);
+
+	hold_reasoning(&a, "hmm");
+	assert_reasoning_dropped(HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES,
+				 &a, "messages[0].content[0]: reasoning "
+				 "without a signature");
+}
+
 int
 main(void)
 {
@@ -926,6 +1007,7 @@ main(void)
 		cmocka_unit_test(chat_members_a_role_does_not_read_round_trip),
 		cmocka_unit_test(responses_output_list_round_trips),
 		cmocka_unit_test(chat_null_or_empty_tool_calls_round_trip),
+		cmocka_unit_test(anthropic_thinking_without_signature_is_refused),
 	};
 
 	return cmocka_run_group_tests(tests, load_goldens, free_goldens);
