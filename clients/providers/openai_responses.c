@@ -155,6 +155,12 @@ imp_part(histd_imp *im, json_t *p, Histd__V1__Message *m,
 			return histd_imp_drop(im, "a file by file id (not "
 					      "kept)");
 		}
+		/* Export names inline data it has no state for (the API
+		 * wants a filename): keep that none came, or "". */
+		if (!(fn && *fn) &&
+		    (rc = mark(x, "$filename", fn ? json_string("")
+						  : json_null())))
+			goto fail;
 	} else {
 		return histd_imp_fail_at(im, "type", "not a known part type");
 	}
@@ -612,6 +618,9 @@ exp_part(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 		break;
 	case HISTD__V1__CONTENT_BLOCK__BLOCK_DOCUMENT: {
 		const Histd__V1__DocumentBlock *d = b->document;
+		/* "" or none, as an imported file came (a "$filename" mark). */
+		const char *fn = d->filename[0] ? d->filename
+			: json_string_value(json_object_get(x, "$filename"));
 
 		if (assistant) {
 			histd_exp_drop(ex, i, j, "a document in an assistant "
@@ -633,14 +642,13 @@ exp_part(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 			    set_new(o, "file_data", json_string(url)))
 				goto nomem;
 			/* The API wants a filename with inline data. */
-			if (set_new(o, "filename", json_string(
-				    d->filename[0] ? d->filename
-						   : "document")))
+			if (!fn && !json_object_get(x, "$filename"))
+				fn = "document";
+			if (fn && set_new(o, "filename", json_string(fn)))
 				goto nomem;
 		} else {
 			if (set_new(o, "file_url", json_string(d->url)) ||
-			    (d->filename[0] &&
-			     set_new(o, "filename", json_string(d->filename))))
+			    (fn && set_new(o, "filename", json_string(fn))))
 				goto nomem;
 		}
 		break;

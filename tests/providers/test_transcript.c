@@ -698,6 +698,22 @@ assert_bodies_round_trip(const char *name, const body_case *cases, size_t n)
 	}
 }
 
+/* A user message holding b alone, as Append stores it, goes out in
+ * Responses holding `want`. */
+static void
+assert_appended_in_responses(Histd__V1__ContentBlock *b, const char *want)
+{
+	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT, *mp = &m;
+	char *out;
+
+	hold_one(&m, HISTD__V1__ROLE__ROLE_USER, &b);
+	assert_int_equal(histd_transcript_to_json(
+		HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES, &mp, 1, &out,
+		NULL), 0);
+	assert_non_null(strstr(out, want));
+	free(out);
+}
+
 /* instructions "" or null (no system message in histd) and tool
  * arguments "" come back as they came; a tool call appended with no
  * arguments still goes out as "{}". */
@@ -798,8 +814,7 @@ responses_image_without_detail_round_trips(void **state)
 		"\"function_call_output\",\"call_id\":\"c1\",\"output\":[{"
 		"\"type\":\"input_image\",\"image_url\":"
 		"\"data:image/png;base64,iVBORw0KGgo=\"}]}]}";
-	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT, *mp = &m;
-	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT, *bp = &b;
+	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT;
 	Histd__V1__ImageBlock img = HISTD__V1__IMAGE_BLOCK__INIT;
 	char *out;
 
@@ -813,12 +828,7 @@ responses_image_without_detail_round_trips(void **state)
 	img.url = "https://example.com/a.png";
 	b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_IMAGE;
 	b.image = &img;
-	hold_one(&m, HISTD__V1__ROLE__ROLE_USER, &bp);
-	assert_int_equal(histd_transcript_to_json(
-		HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES, &mp, 1, &out,
-		NULL), 0);
-	assert_non_null(strstr(out, "\"detail\":\"auto\""));
-	free(out);
+	assert_appended_in_responses(&b, "\"detail\":\"auto\"");
 }
 
 /* Members of a chat message its role (or Mistral) does not read come back
@@ -983,6 +993,44 @@ anthropic_thinking_without_signature_is_refused(void **state)
 				 "without a signature");
 }
 
+/* A Responses input_file without a filename, or with "", comes back so;
+ * a document a caller appended goes out as inline data named "document",
+ * as the API wants a filename with it. */
+static void
+responses_file_without_filename_round_trips(void **state)
+{
+	static const body_case cases[] = {
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		  "\"input_file\",\"file_data\":"
+		  "\"data:application/pdf;base64,JVBERi0=\"}]}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		  "\"input_file\",\"file_data\":"
+		  "\"data:application/pdf;base64,JVBERi0=\",\"filename\":"
+		  "\"\"}]}]}" },
+		{ HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+		  "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		  "\"input_file\",\"file_url\":\"https://example.com/a.pdf\","
+		  "\"filename\":\"\"}]}]}" },
+	};
+	static const uint8_t pdf[] = "%PDF-";
+	Histd__V1__ContentBlock b = HISTD__V1__CONTENT_BLOCK__INIT;
+	Histd__V1__DocumentBlock doc = HISTD__V1__DOCUMENT_BLOCK__INIT;
+
+	(void)state;
+	assert_bodies_round_trip("no filename", cases,
+				 sizeof(cases) / sizeof(cases[0]));
+
+	doc.source_case = HISTD__V1__DOCUMENT_BLOCK__SOURCE_DATA;
+	doc.data.data = (uint8_t *)pdf;
+	doc.data.len = sizeof(pdf) - 1;
+	doc.media_type = "application/pdf";
+	b.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_DOCUMENT;
+	b.document = &doc;
+	assert_appended_in_responses(&b, "\"filename\":\"document\"");
+}
+
 int
 main(void)
 {
@@ -1008,6 +1056,7 @@ main(void)
 		cmocka_unit_test(responses_output_list_round_trips),
 		cmocka_unit_test(chat_null_or_empty_tool_calls_round_trip),
 		cmocka_unit_test(anthropic_thinking_without_signature_is_refused),
+		cmocka_unit_test(responses_file_without_filename_round_trips),
 	};
 
 	return cmocka_run_group_tests(tests, load_goldens, free_goldens);
