@@ -293,7 +293,7 @@ static int
 imp_reasoning(histd_imp *im, json_t *it, group *g)
 {
 	json_t *sum, *cont, *x, *e;
-	const char *enc;
+	const char *enc, *id;
 	char *summary = NULL, *text = NULL;
 	size_t i, n;
 	int rc;
@@ -360,14 +360,19 @@ imp_reasoning(histd_imp *im, json_t *it, group *g)
 	if (json_object_get(it, "encrypted_content") && !enc &&
 	    (rc = mark(x, "$enc_null", json_true())))
 		goto out;
+	/* OpenAI requires the id (kept in extras): export writes no
+	 * reasoning without one. */
+	if ((rc = histd_get_str(im, it, "id", 1, &id)))
+		goto out;
+	if (!*id) {
+		rc = histd_imp_fail_at(im, "id", "is empty");
+		goto out;
+	}
 	if (!(summary && *summary) && !(text && *text) && !(enc && *enc)) {
 		rc = histd_imp_drop(im, "a reasoning item with no summary, "
 				    "text or encrypted content");
 		goto out;
 	}
-	if (json_object_size(x) == 0 &&
-	    (rc = mark(x, "$origin", json_true())))
-		goto out;
 	g->tool = NULL;
 	if (!g->assistant &&
 	    (rc = histd_msg_new(im, HISTD__V1__ROLE__ROLE_ASSISTANT,
@@ -724,6 +729,11 @@ exp_reasoning(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 	if (histd_blk_foreign(b, KEY)) {
 		histd_exp_drop(ex, i, j, "reasoning of another provider, which "
 			       "OpenAI does not take");
+		goto out;
+	}
+	if (!json_is_string(json_object_get(x, "id"))) {
+		histd_exp_drop(ex, i, j, "reasoning without the id OpenAI "
+			       "requires");
 		goto out;
 	}
 	if (r->encrypted_data.len) {

@@ -441,49 +441,85 @@ anthropic_search_result_in_a_tool_result_is_dropped(void **state)
 	histd_transcript_clear(&t);
 }
 
+/* An assistant message as Append stores it: reasoning r (no provider
+ * state unless the caller gives it) then the text "the answer". */
+typedef struct reasoning_msg {
+	Histd__V1__Message m;
+	Histd__V1__ContentBlock r, t, *bp[2];
+	Histd__V1__ReasoningBlock rb;
+	Histd__V1__TextBlock tb;
+} reasoning_msg;
+
+static void
+hold_reasoning(reasoning_msg *a, const char *text)
+{
+	*a = (reasoning_msg){
+		.m = HISTD__V1__MESSAGE__INIT,
+		.r = HISTD__V1__CONTENT_BLOCK__INIT,
+		.t = HISTD__V1__CONTENT_BLOCK__INIT,
+		.rb = HISTD__V1__REASONING_BLOCK__INIT,
+		.tb = HISTD__V1__TEXT_BLOCK__INIT,
+	};
+	a->rb.text = (char *)text;
+	a->r.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_REASONING;
+	a->r.reasoning = &a->rb;
+	a->tb.text = "the answer";
+	a->t.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+	a->t.text = &a->tb;
+	a->bp[0] = &a->r;
+	a->bp[1] = &a->t;
+	a->m.role = HISTD__V1__ROLE__ROLE_ASSISTANT;
+	a->m.content = a->bp;
+	a->m.n_content = 2;
+}
+
+/* Exports a's message to f: its reasoning is left out, listed as
+ * dropped with a line holding `why`; its text goes. */
+static void
+assert_reasoning_dropped(Histd__V1__Format f, reasoning_msg *a,
+			 const char *why)
+{
+	Histd__V1__Message *mp = &a->m;
+	histd_strlist dropped = { 0 };
+	char *out = NULL;
+
+	assert_int_equal(histd_transcript_to_json(f, &mp, 1, &out, &dropped),
+			 0);
+	assert_non_null(strstr(out, "the answer"));
+	assert_null(strstr(out, "thinking"));
+	assert_null(strstr(out, "reasoning"));
+	assert_int_equal(dropped.n, 1);
+	assert_non_null(strstr(dropped.v[0], why));
+	free(out);
+	histd_strlist_clear(&dropped);
+}
+
 /* Redacted reasoning whose bytes are not text cannot go in a JSON string:
  * it is dropped and listed, not answered as a lack of memory. */
 static void
 reasoning_bytes_that_are_not_text_are_dropped_on_export(void **state)
 {
 	static const uint8_t bin[] = { 0xff, 0xfe, 'a', 'b' };
-	Histd__V1__Message m = HISTD__V1__MESSAGE__INIT, *mp = &m;
-	Histd__V1__ContentBlock r = HISTD__V1__CONTENT_BLOCK__INIT;
-	Histd__V1__ContentBlock t = HISTD__V1__CONTENT_BLOCK__INIT;
-	Histd__V1__ContentBlock *bp[2] = { &r, &t };
-	Histd__V1__ReasoningBlock rb = HISTD__V1__REASONING_BLOCK__INIT;
-	Histd__V1__TextBlock tb = HISTD__V1__TEXT_BLOCK__INIT;
-	static const Histd__V1__Format fs[] = {
-		HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES,
-		HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
-	};
+	static const uint8_t rs_id[] = "{\"id\":\"rs_1\"}";
+	Histd__V1__ContentBlock__ProviderStateEntry e =
+		HISTD__V1__CONTENT_BLOCK__PROVIDER_STATE_ENTRY__INIT, *ep = &e;
+	reasoning_msg a;
 
 	(void)state;
-	rb.redacted = 1;
-	rb.encrypted_data.data = (uint8_t *)bin;
-	rb.encrypted_data.len = sizeof(bin);
-	r.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_REASONING;
-	r.reasoning = &rb;
-	tb.text = "the answer";
-	t.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
-	t.text = &tb;
-	m.role = HISTD__V1__ROLE__ROLE_ASSISTANT;
-	m.content = bp;
-	m.n_content = 2;
-	for (size_t f = 0; f < sizeof(fs) / sizeof(fs[0]); f++) {
-		histd_strlist dropped = { 0 };
-		char *out = NULL;
-		int found = 0;
-
-		assert_int_equal(histd_transcript_to_json(fs[f], &mp, 1, &out,
-							  &dropped), 0);
-		assert_non_null(strstr(out, "the answer"));
-		for (size_t k = 0; k < dropped.n; k++)
-			found |= strstr(dropped.v[k], "not text") != NULL;
-		assert_true(found);
-		free(out);
-		histd_strlist_clear(&dropped);
-	}
+	hold_reasoning(&a, "");
+	a.rb.redacted = 1;
+	a.rb.encrypted_data.data = (uint8_t *)bin;
+	a.rb.encrypted_data.len = sizeof(bin);
+	assert_reasoning_dropped(HISTD__V1__FORMAT__FORMAT_ANTHROPIC_MESSAGES,
+				 &a, "not text");
+	/* Responses writes only reasoning with its id. */
+	e.key = "openai_responses";
+	e.value.data = (uint8_t *)rs_id;
+	e.value.len = sizeof(rs_id) - 1;
+	a.r.provider_state = &ep;
+	a.r.n_provider_state = 1;
+	assert_reasoning_dropped(HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+				 &a, "not text");
 }
 
 /* Top-level members that are not the transcript are listed as dropped. */
@@ -912,59 +948,6 @@ chat_null_or_empty_tool_calls_round_trip(void **state)
 				 sizeof(cases) / sizeof(cases[0]));
 }
 
-/* An assistant message as Append stores it: reasoning r (no provider
- * state unless the caller gives it) then the text "the answer". */
-typedef struct reasoning_msg {
-	Histd__V1__Message m;
-	Histd__V1__ContentBlock r, t, *bp[2];
-	Histd__V1__ReasoningBlock rb;
-	Histd__V1__TextBlock tb;
-} reasoning_msg;
-
-static void
-hold_reasoning(reasoning_msg *a, const char *text)
-{
-	*a = (reasoning_msg){
-		.m = HISTD__V1__MESSAGE__INIT,
-		.r = HISTD__V1__CONTENT_BLOCK__INIT,
-		.t = HISTD__V1__CONTENT_BLOCK__INIT,
-		.rb = HISTD__V1__REASONING_BLOCK__INIT,
-		.tb = HISTD__V1__TEXT_BLOCK__INIT,
-	};
-	a->rb.text = (char *)text;
-	a->r.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_REASONING;
-	a->r.reasoning = &a->rb;
-	a->tb.text = "the answer";
-	a->t.block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
-	a->t.text = &a->tb;
-	a->bp[0] = &a->r;
-	a->bp[1] = &a->t;
-	a->m.role = HISTD__V1__ROLE__ROLE_ASSISTANT;
-	a->m.content = a->bp;
-	a->m.n_content = 2;
-}
-
-/* Exports a's message to f: its reasoning is left out, listed as
- * dropped with a line holding `why`; its text goes. */
-static void
-assert_reasoning_dropped(Histd__V1__Format f, reasoning_msg *a,
-			 const char *why)
-{
-	Histd__V1__Message *mp = &a->m;
-	histd_strlist dropped = { 0 };
-	char *out = NULL;
-
-	assert_int_equal(histd_transcript_to_json(f, &mp, 1, &out, &dropped),
-			 0);
-	assert_non_null(strstr(out, "the answer"));
-	assert_null(strstr(out, "thinking"));
-	assert_null(strstr(out, "reasoning"));
-	assert_int_equal(dropped.n, 1);
-	assert_non_null(strstr(dropped.v[0], why));
-	free(out);
-	histd_strlist_clear(&dropped);
-}
-
 /* Anthropic requires the signature of a thinking block: Import refuses one
  * without it, naming the path, rather than keep what Export cannot write.
  * Reasoning a caller appended (no signature) is dropped and listed. */
@@ -1031,6 +1014,33 @@ responses_file_without_filename_round_trips(void **state)
 	assert_appended_in_responses(&b, "\"filename\":\"document\"");
 }
 
+/* OpenAI requires the id of a reasoning input item: Import refuses one
+ * without it, naming the path, and Export drops and lists reasoning that
+ * has none (a caller appended it), rather than send what OpenAI
+ * refuses. */
+static void
+responses_reasoning_without_id_is_refused(void **state)
+{
+	const char *body =
+		"{\"input\":[{\"role\":\"user\",\"content\":\"hi\"},"
+		"{\"type\":\"reasoning\",\"summary\":[{\"type\":"
+		"\"summary_text\",\"text\":\"hmm\"}]}]}";
+	histd_transcript t = { 0 };
+	reasoning_msg a;
+
+	(void)state;
+	assert_int_equal(histd_transcript_from_json(
+		HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES, body, strlen(body),
+		NULL, &t), HISTD_EINVALID);
+	assert_string_equal(histd_error_message(), "input[1].id: is required");
+	histd_transcript_clear(&t);
+
+	hold_reasoning(&a, "hmm");
+	assert_reasoning_dropped(HISTD__V1__FORMAT__FORMAT_OPENAI_RESPONSES,
+				 &a, "messages[0].content[0]: reasoning "
+				 "without the id OpenAI requires");
+}
+
 int
 main(void)
 {
@@ -1057,6 +1067,7 @@ main(void)
 		cmocka_unit_test(chat_null_or_empty_tool_calls_round_trip),
 		cmocka_unit_test(anthropic_thinking_without_signature_is_refused),
 		cmocka_unit_test(responses_file_without_filename_round_trips),
+		cmocka_unit_test(responses_reasoning_without_id_is_refused),
 	};
 
 	return cmocka_run_group_tests(tests, load_goldens, free_goldens);
