@@ -291,6 +291,9 @@ imp_part(histd_imp *im, json_t *part, Histd__V1__Message *m, int system)
 			if (x && json_object_get(part, "thought") && !thought &&
 			    (rc = mark(x, "$thought_false", json_true())))
 				return json_decref(x), rc;
+			if (x && sig && !*sig &&
+			    (rc = mark(x, "$empty_signature", json_true())))
+				return json_decref(x), rc;
 			if (x && json_object_size(x) == 0 &&
 			    (rc = mark(x, "$origin", json_true())))
 				return json_decref(x), rc;
@@ -537,7 +540,8 @@ exp_block(histd_exp *ex, size_t i, long j, const Histd__V1__ContentBlock *b,
 		if (histd_mark_bool(x, "$thought_false") &&
 		    set_new(o, "thought", json_false()))
 			goto nomem;
-		if (r->signature[0] &&
+		if ((r->signature[0] ||
+		     histd_mark_bool(x, "$empty_signature")) &&
 		    set_new(o, "thoughtSignature", json_string(r->signature)))
 			goto nomem;
 		break;
