@@ -445,11 +445,14 @@ out:
 	histd_compaction_set_source(NULL);
 	if (sums.http)
 		summarizers_free(&sums);
-	if (hub)
-		histd_hub_free(hub);
 	histd_service_free(svc);
 	if (drv)
 		histd_driver_close(drv);
+	/* After the driver: until it is closed its threads (the postgres
+	 * listener catching up on another replica's changes, a committer
+	 * draining its queue) may call the hook, which queues to the hub. */
+	if (hub)
+		histd_hub_free(hub);
 	histd_embedder_free(emb);
 	grpc_shutdown();
 	if (rc == 0)

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "harness.h"
@@ -403,6 +404,47 @@ clear_and_delete_through_a_reach_a_subscriber_on_b(void **state)
 	free(sid);
 }
 
+/* A replica stopped while another writes to a session it follows: its
+ * listener may be catching up on those changes as it stops, and their
+ * events go to the hub until the driver is closed. It exits 0 (in the
+ * sanitizer build: without touching anything it freed). */
+static void
+a_replica_stopped_while_another_writes_exits_cleanly(void **state)
+{
+	enum { WRITERS = 2, ROUNDS = 3 };
+	char *sid = t_create_session(cA, "stop-c");
+
+	(void)state;
+	for (int r = 0; r < ROUNDS; r++) {
+		histd_proc *C = NULL;
+		histd_client *cC;
+		histd_client_stream *st;
+		pthread_t th[WRITERS];
+		writer w[WRITERS];
+		int rc;
+
+		assert_int_equal(start_replica(&C), 0);
+		cC = harness_client(C);
+		st = t_subscribe(cC, sid, last_seq_of(cA, sid));
+		for (int i = 0; i < WRITERS; i++)
+			w[i] = (writer){ .c = cA, .session = sid, .id = i,
+					 .appends = 150 };
+		rc = start_threads(th, WRITERS, write_loop, w, sizeof(w[0]), NULL);
+		if (rc != 0)
+			fail_msg("pthread_create: %s", strerror(rc));
+		usleep(100000);
+		histd_client_stream_close(st);
+		histd_client_close(cC);
+		rc = harness_stop(C);
+		for (int i = 0; i < WRITERS; i++)
+			pthread_join(th[i], NULL);
+		assert_int_equal(rc, 0);
+		for (int i = 0; i < WRITERS; i++)
+			assert_int_equal(w[i].other, 0);
+	}
+	free(sid);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -411,6 +453,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(subscriber_sees_appends_of_both_replicas_in_order),
 		cmocka_unit_test(racing_expected_revision_lets_exactly_one_replica_win),
 		cmocka_unit_test(clear_and_delete_through_a_reach_a_subscriber_on_b),
+		cmocka_unit_test(a_replica_stopped_while_another_writes_exits_cleanly),
 	};
 
 	if (harness_init(argc, argv) != 0)
