@@ -314,7 +314,6 @@ chain_to_end(const uint8_t *p, size_t avail)
 {
 	while (avail) {
 		uint32_t len;
-		size_t end;
 
 		switch (hf_frame_check(p, avail, &len)) {
 		case HF_FRAME_OK:
@@ -325,16 +324,26 @@ chain_to_end(const uint8_t *p, size_t avail)
 			return hf_all_zero(p, avail) || (avail > HF_FRAME_HEADER &&
 						   known_type(p[HF_FRAME_HEADER]));
 		default:
-			if (hf_all_zero(p, avail))
-				return 1;
-			len = get_le32(p);
-			if (len == 0 || len > HF_FRAME_MAX)
-				return 0;
-			end = HF_FRAME_HEADER + (size_t)len;
-			return end <= avail && hf_all_zero(p + end, avail - end);
+			return hf_all_zero(p, avail) ||
+			       hf_frame_torn_in_zeros(p, avail);
 		}
 	}
 	return 1;
+}
+
+int
+hf_frame_torn_in_zeros(const uint8_t *p, size_t avail)
+{
+	uint32_t len;
+	size_t end;
+
+	if (avail < HF_FRAME_HEADER)
+		return 0;
+	len = get_le32(p);
+	if (len == 0 || len > HF_FRAME_MAX)
+		return 0;
+	end = HF_FRAME_HEADER + (size_t)len;
+	return end <= avail && hf_all_zero(p + end, avail - end);
 }
 
 int

@@ -120,6 +120,11 @@ enum hf_frame_status hf_frame_check(const uint8_t *p, size_t avail,
  * anything) is followed by the rest of that record's bytes instead. */
 int hf_frame_find(const uint8_t *p, size_t avail);
 
+/* Whether the bad frame at p is the last record torn inside the zeros
+ * the writer prepared: its length fits in the avail bytes left, and only
+ * zeros follow its extent (whatever its own bytes hold). */
+int hf_frame_torn_in_zeros(const uint8_t *p, size_t avail);
+
 /* Whether the n bytes at p are all zero. */
 int hf_all_zero(const uint8_t *p, size_t n);
 

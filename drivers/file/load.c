@@ -1007,8 +1007,12 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 			break;
 		}
 		/* A bad frame: a torn tail only if nothing valid follows,
-		 * and only in the last log. */
-		if (!last || snapshot || hf_frame_find(p + off + 1, size - off - 1)) {
+		 * and only in the last log. One whose extent ends in the
+		 * prepared zeros is the torn last record, whatever frames
+		 * its own bytes hold (a message may hold anything). */
+		if (!last || snapshot ||
+		    (!hf_frame_torn_in_zeros(p + off, size - off) &&
+		     hf_frame_find(p + off + 1, size - off - 1))) {
 			const char *why = "fails its checksum";
 
 			/* Cut short: by the end of a file that should be

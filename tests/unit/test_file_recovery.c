@@ -1010,6 +1010,68 @@ expect_recovered_without_y(fixture *f, const uint8_t *bytes, size_t len,
 	histd_driver_close(d);
 }
 
+/* A well-formed frame of body at p (as a message may hold one):
+ * its size. */
+static size_t
+frame_put(uint8_t *p, const uint8_t *body, size_t n)
+{
+	uint32_t crc;
+
+	p[0] = (uint8_t)n;
+	p[1] = p[2] = p[3] = 0;
+	crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), p, 4);
+	crc = (uint32_t)crc32(crc, body, (uInt)n);
+	for (int i = 0; i < 4; i++)
+		p[4 + i] = (uint8_t)(crc >> (8 * i));
+	memcpy(p + 8, body, n);
+	return 8 + n;
+}
+
+/* A new directory holding the populated log; *before its dump, *s1 its
+ * size, then one append of a message whose bytes are data[0..n): the log
+ * read back, *s2 its size. */
+static uint8_t *
+log_with_raw_message(char **dir, char *log, size_t cap, char **before,
+		     size_t *s1, const uint8_t *data, size_t n, size_t *s2)
+{
+	histd_msg_in in = { .data = data, .len = n, .token_estimate = 1 };
+	histd_append a = { .tenant = "t1", .session_id = "b", .msgs = &in,
+			   .n_msgs = 1 };
+	histd_append_result res;
+	histd_driver *d;
+
+	*dir = tmpdir_new();
+	path_in(log, cap, *dir, LOG1);
+	d = must_open(*dir);
+	populate(d);
+	*before = dump(d);
+	histd_driver_close(d);
+	*s1 = (size_t)file_size(log);
+	d = must_open(*dir);
+	assert_int_equal(histd_driver_append(d, &a, &res), 0);
+	histd_driver_close(d);
+	return read_file(log, s2);
+}
+
+/* Opens dir with the log cut at `cut` as written: the record after s1
+ * is gone, the state is `before`, the log is s1 bytes long. */
+static void
+expect_cut_back(const char *dir, const char *log, const char *before,
+		size_t s1, size_t cut)
+{
+	histd_driver *d = NULL;
+	char *got;
+
+	if (dopen(dir, "always", &d))
+		fail_msg("cut at %zu: open: %s", cut, histd_error_message());
+	got = dump(d);
+	if (strcmp(got, before) != 0)
+		fail_msg("cut at %zu: state differs from the state before the record", cut);
+	free(got);
+	histd_driver_close(d);
+	assert_int_equal((size_t)file_size(log), s1);
+}
+
 static void
 torn_last_record_is_truncated_at_every_offset(void **state)
 {
@@ -1031,47 +1093,23 @@ static void
 torn_record_holding_a_frame_is_truncated_at_every_offset(void **state)
 {
 	static const uint8_t inner[] = { 0x02, 'A', 'B', 'C', 'D', 'E', 'F', 'G', 'H' };
-	char *dir = tmpdir_new(), log[512], *before, *got;
+	char *dir, log[512], *before;
 	uint8_t data[160], *bytes;
 	size_t n = 0, s1, s2, inner_end;
 	const uint8_t *at;
 	histd_driver *d;
-	histd_msg_in in = { 0 };
-	histd_append a = { .tenant = "t1", .session_id = "b", .msgs = &in,
-			   .n_msgs = 1 };
-	histd_append_result res;
-	uint32_t crc;
 
 	(void)state;
-	path_in(log, sizeof(log), dir, LOG1);
-	d = must_open(dir);
-	populate(d);
-	before = dump(d);
-	histd_driver_close(d);
-	s1 = (size_t)file_size(log);
-
 	/* Field 3 (bytes): 20 x, the frame (length, crc32, body), 100 y. */
 	data[n++] = 0x1a;
 	data[n++] = 20 + 8 + sizeof(inner) + 100;
 	memset(data + n, 'x', 20);
 	n += 20;
-	data[n] = sizeof(inner);
-	data[n + 1] = data[n + 2] = data[n + 3] = 0;
-	crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), data + n, 4);
-	crc = (uint32_t)crc32(crc, inner, sizeof(inner));
-	for (int i = 0; i < 4; i++)
-		data[n + 4 + i] = (uint8_t)(crc >> (8 * i));
-	memcpy(data + n + 8, inner, sizeof(inner));
-	n += 8 + sizeof(inner);
+	n += frame_put(data + n, inner, sizeof(inner));
 	memset(data + n, 'y', 100);
 	n += 100;
-	in.data = data;
-	in.len = n;
-	in.token_estimate = 1;
-	d = must_open(dir);
-	assert_int_equal(histd_driver_append(d, &a, &res), 0);
-	histd_driver_close(d);
-	bytes = read_file(log, &s2);
+	bytes = log_with_raw_message(&dir, log, sizeof(log), &before, &s1,
+				     data, n, &s2);
 	assert_true(s2 > s1 + n);
 
 	at = memmem(bytes + s1, s2 - s1, data + 22, 8 + sizeof(inner));
@@ -1084,15 +1122,48 @@ torn_record_holding_a_frame_is_truncated_at_every_offset(void **state)
 			assert_int_equal(dopen(dir, "always", &d), HISTD_ECORRUPT);
 			continue;
 		}
-		if (dopen(dir, "always", &d))
-			fail_msg("cut at %zu: open: %s", cut, histd_error_message());
-		got = dump(d);
-		if (strcmp(got, before) != 0)
-			fail_msg("cut at %zu: state differs from the state before the record", cut);
-		free(got);
-		histd_driver_close(d);
-		assert_int_equal((size_t)file_size(log), s1);
+		expect_cut_back(dir, log, before, s1, cut);
 	}
+	free(bytes);
+	free(before);
+	rm_rf(dir);
+	free(dir);
+}
+
+/* The same torn inside the zeros written ahead of the log's end (a kill
+ * between the pages of the batch's write): a message of back-to-back
+ * well-formed frames, cut anywhere, leaves a valid frame followed by one
+ * torn in the zeros, as a record would be. Its extent still ends in the
+ * zeros, so it is the torn last record, cut at every offset. */
+static void
+torn_record_of_frames_in_the_prepared_zeros_is_truncated(void **state)
+{
+	enum { INNER = 12 };
+	static const uint8_t body[] = { 0x02, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h' };
+	char *dir, log[512], *before;
+	uint8_t data[2 + INNER * (8 + sizeof(body))], *bytes, *file;
+	size_t n = 0, s1, s2, size;
+
+	(void)state;
+	/* Field 3 (bytes) holding INNER frames. */
+	data[n++] = 0x1a;
+	data[n++] = INNER * (8 + sizeof(body));
+	for (int k = 0; k < INNER; k++)
+		n += frame_put(data + n, body, sizeof(body));
+	bytes = log_with_raw_message(&dir, log, sizeof(log), &before, &s1,
+				     data, n, &s2);
+	size = s2 + (64u << 10);
+	file = malloc(size);
+	assert_non_null(file);
+	for (size_t cut = s1 + HF_FRAME_HEADER + 1; cut < s2; cut++) {
+		memset(file, 0, size);
+		memcpy(file, bytes, cut);
+		if (hf_all_zero(bytes + cut, s2 - cut))
+			continue;
+		write_file(log, file, size);
+		expect_cut_back(dir, log, before, s1, cut);
+	}
+	free(file);
 	free(bytes);
 	free(before);
 	rm_rf(dir);
@@ -1147,6 +1218,45 @@ expect_refused_with_flip(fixture *f, const uint8_t *bytes, size_t len,
 	free(copy);
 }
 
+/* Whether flipping byte `at` of the length of the frame at `frame`
+ * makes it end inside the zeros at the end of bytes. */
+static int
+flip_ends_in_zeros(const uint8_t *bytes, size_t len, size_t frame, size_t at)
+{
+	uint8_t h[4];
+	size_t n, end;
+
+	memcpy(h, bytes + frame, 4);
+	h[at - frame] ^= 0x5a;
+	n = h[0] | (size_t)h[1] << 8 | (size_t)h[2] << 16 | (size_t)h[3] << 24;
+	end = frame + HF_FRAME_HEADER + n;
+	return n && n <= HF_FRAME_MAX && end <= len &&
+	       hf_all_zero(bytes + end, len - end);
+}
+
+/* The same flip, cut as a torn last record: the state before X. */
+static void
+expect_cut_with_flip(fixture *f, const uint8_t *bytes, size_t len, size_t at)
+{
+	uint8_t *copy = malloc(len);
+	histd_driver *d = NULL;
+	char *got;
+
+	assert_non_null(copy);
+	memcpy(copy, bytes, len);
+	copy[at] ^= 0x5a;
+	write_file(f->log, copy, len);
+	if (dopen(f->dir, "always", &d))
+		fail_msg("offset %zu: open: %s", at, histd_error_message());
+	got = dump(d);
+	if (strcmp(got, f->d0) != 0)
+		fail_msg("offset %zu: state differs from the state before X", at);
+	free(got);
+	histd_driver_close(d);
+	assert_int_equal((size_t)file_size(f->log), f->s0);
+	free(copy);
+}
+
 static void
 corrupted_middle_record_refuses_to_open_at_every_offset(void **state)
 {
@@ -1197,9 +1307,18 @@ record_torn_inside_the_prepared_zeros(void **state)
 	hdr = HF_FRAME_HEADER + (f.bytes[0] | (size_t)f.bytes[1] << 8 |
 				 (size_t)f.bytes[2] << 16 | (size_t)f.bytes[3] << 24);
 	assert_true(hdr < f.s0);
-	for (size_t at = 0; at < f.s1; at++)
-		if (at < hdr || at >= f.s0)     /* the file's header, and X */
-			expect_refused_with_flip(&f, torn, len, at);
+	for (size_t at = 0; at < f.s1; at++) {
+		if (at >= hdr && at < f.s0)     /* the file's header, and X */
+			continue;
+		if (at < f.s0 + 4 && flip_ends_in_zeros(torn, len, f.s0, at)) {
+			/* X's length changed to end in the zeros: that is what
+			 * a torn last record looks like (README), so X and
+			 * what follows are cut. */
+			expect_cut_with_flip(&f, torn, len, at);
+			continue;
+		}
+		expect_refused_with_flip(&f, torn, len, at);
+	}
 	free(torn);
 	fixture_free(&f);
 }
@@ -1865,6 +1984,7 @@ main(void)
 					  restore_fsize),
 		cmocka_unit_test(torn_last_record_is_truncated_at_every_offset),
 		cmocka_unit_test(torn_record_holding_a_frame_is_truncated_at_every_offset),
+		cmocka_unit_test(torn_record_of_frames_in_the_prepared_zeros_is_truncated),
 		cmocka_unit_test(corrupted_last_record_is_truncated_at_every_offset),
 		cmocka_unit_test(corrupted_middle_record_refuses_to_open_at_every_offset),
 		cmocka_unit_test(record_torn_inside_the_prepared_zeros),
