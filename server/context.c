@@ -146,6 +146,9 @@ struct histd_context {
 	/* Sessions with an automatic check queued, oldest first. */
 	struct sess *qhead, *qtail;
 	int stop;                  /* set holding lock and sweep_lock */
+	/* The same, read by a sweep between sessions: stopping does not wait
+	 * for a sweep's whole backlog of expired sessions. */
+	atomic_int sweep_stop;
 	int running;               /* compactions running now */
 	pthread_t *threads;
 	int n_threads;
@@ -2201,7 +2204,7 @@ sweep_tenant(histd_context *x, const char *tenant, int64_t cutoff)
 		q.after_id = after;
 		if (histd_driver_session_list(x->d, &q, &l))
 			break;
-		for (size_t i = 0; i < l.n; i++) {
+		for (size_t i = 0; i < l.n && !atomic_load(&x->sweep_stop); i++) {
 			const histd_session *sr = l.v[i];
 			uint64_t cur;
 
@@ -2220,7 +2223,7 @@ sweep_tenant(histd_context *x, const char *tenant, int64_t cutoff)
 					  "session", sr->id, NULL);
 			}
 		}
-		more = l.has_more && l.n;
+		more = l.has_more && l.n && !atomic_load(&x->sweep_stop);
 		free(after);
 		after = more ? strdup(l.v[l.n - 1]->id) : NULL;
 		histd_session_list_free(&l);
@@ -2251,9 +2254,9 @@ histd_context_sweep(histd_context *x)
 				  histd_error_message(), NULL);
 			break;
 		}
-		for (size_t i = 0; i < tl.n; i++)
+		for (size_t i = 0; i < tl.n && !atomic_load(&x->sweep_stop); i++)
 			deleted += sweep_tenant(x, tl.v[i], cutoff);
-		more = tl.has_more && tl.n;
+		more = tl.has_more && tl.n && !atomic_load(&x->sweep_stop);
 		free(after);
 		after = more ? strdup(tl.v[tl.n - 1]) : NULL;
 		histd_tenant_list_free(&tl);
@@ -2396,6 +2399,7 @@ histd_context_free(histd_context *x)
 	pthread_mutex_lock(&x->lock);
 	pthread_mutex_lock(&x->sweep_lock);
 	x->stop = 1;
+	atomic_store(&x->sweep_stop, 1);
 	pthread_cond_broadcast(&x->sweep_cond);
 	pthread_mutex_unlock(&x->sweep_lock);
 	pthread_cond_broadcast(&x->work);

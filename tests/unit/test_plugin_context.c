@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <cmocka.h>
@@ -1035,6 +1036,50 @@ ttl_sweeps_every_tenant_in_storage(void **state)
 	assert_int_equal(histd_context_sweep(ctx), 0);
 }
 
+/* Stopping the context ends a running TTL sweep between sessions:
+ * shutdown does not wait for a whole backlog of expired sessions to be
+ * deleted one by one (under --shutdown-grace and Kubernetes' grace). */
+static void
+stopping_ends_a_ttl_sweep_between_sessions(void **state)
+{
+	enum { N = 100000 };
+	histd_driver_config dc = { 0 };
+	histd_context_config cc = { 0 };
+	histd_driver *d = NULL;
+	histd_context *x = NULL;
+	histd_session *s = NULL;
+	char id[32];
+
+	(void)state;
+	teardown(NULL);
+	assert_int_equal(histd_driver_open("memory", &dc, &d), 0);
+	for (int i = 0; i < N; i++) {
+		histd_session in = { 0 }, *out = NULL;
+
+		snprintf(id, sizeof(id), "idle-%06d", i);
+		in.tenant = "stored";
+		in.id = id;
+		in.created_at_us = in.updated_at_us = histd_now_us() - 10000000;
+		assert_int_equal(histd_driver_session_create(d, &in, &out), 0);
+		histd_session_free(out);
+	}
+	cc.session_ttl_us = 1000000;
+	cc.sweep_interval_us = 1000;
+	assert_int_equal(histd_context_new(&x, d, &cc), 0);
+	/* The sweep has begun: the first session (in id order) is gone. */
+	while (histd_driver_session_get(d, "stored", "idle-000000", &s) == 0) {
+		histd_session_free(s);
+		s = NULL;
+		usleep(1000);
+	}
+	histd_context_free(x);
+	/* It stopped there: the last one is left for the next start. */
+	assert_int_equal(histd_driver_session_get(d, "stored", "idle-099999", &s), 0);
+	histd_session_free(s);
+	histd_driver_close(d);
+	assert_int_equal(start("", 0), 0);
+}
+
 static void
 context_of_a_long_session_reads_only_its_tail(void **state)
 {
@@ -1500,6 +1545,8 @@ main(void)
 			appends_racing_a_compaction_lose_nothing, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(ttl_deletes_idle_sessions_only,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(stopping_ends_a_ttl_sweep_between_sessions,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(ttl_sweeps_every_tenant_in_storage,
 						setup, teardown),
