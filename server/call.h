@@ -101,6 +101,7 @@ struct histd_call {
 	int active;                   /* counted in histd_server.active */
 	int64_t start_us;             /* arrival (monotonic), for metrics */
 	struct tenant_calls *tenant;  /* counted against, until freed */
+	int tenant_stream;            /* ...as a stream, not a call */
 	struct histd_tag t_new, t_done, t_close, t_send, t_status, t_recv,
 			 t_more;
 	int cancelled;                /* out of RECV_CLOSE_ON_SERVER */
@@ -179,10 +180,11 @@ void histd_call_unref(struct histd_call *c);
  * 0, or -1 if there is no payload. */
 int histd_call_request_bytes(struct histd_call *c, grpc_slice *out);
 
-/* Who is calling (authorization metadata). With `count`, the call counts
- * against the tenant's calls in progress until it is freed (streams, which
- * hold no thread, have limits of their own). 0, or EUNAUTH / ELIMIT with
- * the thread's message set. */
+/* Who is calling (authorization metadata). With `count` HISTD_COUNT_CALL,
+ * the call counts against the tenant's calls in progress until it is
+ * freed; with HISTD_COUNT_STREAM against its Subscribe streams (which hold
+ * no thread). 0, or EUNAUTH / ELIMIT with the thread's message set. */
+enum { HISTD_COUNT_NONE, HISTD_COUNT_CALL, HISTD_COUNT_STREAM };
 int histd_call_caller(struct histd_call *c, histd_caller *who, int count);
 
 /* health.c: Check answers from srv->serving; Watch streams it. */

@@ -149,6 +149,9 @@ static const struct opt opts[] = {
 	{ "max-calls-per-tenant", OPT_U32, OFF(max_calls_per_tenant), "256",
 	  "calls one tenant may have in progress (RESOURCE_EXHAUSTED above;\n"
 	  "      0: no limit)" },
+	{ "max-subscribers-per-tenant", OPT_U32, OFF(max_subscribers_per_tenant),
+	  "2500", "Subscribe streams one tenant may hold open (RESOURCE_EXHAUSTED\n"
+	  "      above; 0: no limit)" },
 	{ "anthropic-base-url", OPT_STR, OFF(anthropic.base_url),
 	  "https://api.anthropic.com", "Anthropic API base URL (summarizer=anthropic)" },
 	{ "anthropic-api-key-env", OPT_STR, OFF(anthropic.api_key_env), "ANTHROPIC_API_KEY",

@@ -65,6 +65,7 @@ typedef struct histd_config {
 	char *api_keys_file;     /* KEY TENANT [read-only] per line */
 	int auth_disabled;       /* explicit: every call is tenant "default" */
 	uint32_t max_calls_per_tenant;  /* calls in progress; 0: no limit */
+	uint32_t max_subscribers_per_tenant; /* Subscribe streams; 0: none */
 	/* Compaction's provider summarizers, and the HTTP layer they share. */
 	histd_provider_config anthropic;
 	histd_provider_config openai;

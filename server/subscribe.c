@@ -437,7 +437,7 @@ histd_subscribe_begin(struct histd_call *c)
 
 	/* Who calls, first: an unauthenticated caller learns nothing, not
 	 * even what is wrong with its request (as for unary calls). */
-	if ((rc = histd_call_caller(c, &who, 0)) != 0) {
+	if ((rc = histd_call_caller(c, &who, HISTD_COUNT_STREAM)) != 0) {
 		fail(c, rc);
 		return;
 	}

@@ -57,6 +57,7 @@ static int n_routes;
 struct tenant_calls {
 	struct tenant_calls *next;
 	long calls;
+	long streams;
 	char name[];
 };
 
@@ -116,7 +117,10 @@ histd_call_unref(struct histd_call *c)
 				  histd_mono_us() - c->start_us);
 	if (c->tenant) {
 		pthread_mutex_lock(&s->tenants_mu);
-		c->tenant->calls--;
+		if (c->tenant_stream)
+			c->tenant->streams--;
+		else
+			c->tenant->calls--;
 		pthread_mutex_unlock(&s->tenants_mu);
 	}
 	if (c->call)
@@ -329,14 +333,30 @@ histd_call_caller(struct histd_call *c, histd_caller *who, int count)
 		pthread_mutex_unlock(&s->tenants_mu);
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	}
-	if (s->cfg->max_calls_per_tenant &&
-	    t->calls >= (long)s->cfg->max_calls_per_tenant) {
-		pthread_mutex_unlock(&s->tenants_mu);
-		return histd_error_set(HISTD_ELIMIT, "the tenant has %ld calls in "
-				       "progress; the limit is %u", t->calls,
-				       s->cfg->max_calls_per_tenant);
+	if (count == HISTD_COUNT_STREAM) {
+		/* One tenant cannot take every Subscribe stream the server
+		 * allows (--max-subscribers). */
+		if (s->cfg->max_subscribers_per_tenant &&
+		    t->streams >= (long)s->cfg->max_subscribers_per_tenant) {
+			pthread_mutex_unlock(&s->tenants_mu);
+			return histd_error_set(HISTD_ELIMIT, "the tenant has %ld "
+					       "Subscribe streams open; the "
+					       "limit is %u", t->streams,
+					       s->cfg->max_subscribers_per_tenant);
+		}
+		t->streams++;
+		c->tenant_stream = 1;
+	} else {
+		if (s->cfg->max_calls_per_tenant &&
+		    t->calls >= (long)s->cfg->max_calls_per_tenant) {
+			pthread_mutex_unlock(&s->tenants_mu);
+			return histd_error_set(HISTD_ELIMIT, "the tenant has %ld "
+					       "calls in progress; the limit is "
+					       "%u", t->calls,
+					       s->cfg->max_calls_per_tenant);
+		}
+		t->calls++;
 	}
-	t->calls++;
 	c->tenant = t;
 	pthread_mutex_unlock(&s->tenants_mu);
 	return 0;
@@ -410,7 +430,7 @@ handle_unary(struct histd_call *c)
 		return;
 	}
 	histd_error_clear();
-	rc = histd_call_caller(c, &who, 1);
+	rc = histd_call_caller(c, &who, HISTD_COUNT_CALL);
 	if (rc == 0) {
 		/* The reference a deferred answer holds until it is given. */
 		histd_call_ref(c);

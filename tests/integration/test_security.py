@@ -46,6 +46,7 @@ log = open(log_path, "w")
 proc = subprocess.Popen([ARGS.histd, "--driver", "memory", "--listen", "127.0.0.1:0", "--port-file", pf,
                          "--api-keys-file", keys, "--log-level", "debug",
                          "--max-message-bytes", "65536", "--max-subscribers", "40",
+                         "--max-subscribers-per-tenant", "30",
                          "--max-concurrent-streams", "100"], stderr=log)
 passes, failures = [], []
 
@@ -249,8 +250,13 @@ try:
                                        metadata=md(KEY_A), timeout=5)) == grpc.StatusCode.OK,
           "during the flood another client is served")
     exhausted = codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
-    check(exhausted == 20, "streams past --max-subscribers get RESOURCE_EXHAUSTED (%d of 20)"
-          % exhausted)
+    check(exhausted == 30, "streams past --max-subscribers-per-tenant get "
+          "RESOURCE_EXHAUSTED (%d of 30)" % exhausted)
+    # The flooding tenant holds 30 of the server's 40: another still gets in.
+    check(code_of(lambda: s.Subscribe(pb.SubscribeRequest(session_id="shared-id"),
+                                      metadata=md(KEY_A), timeout=1).next())
+          in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.OK),
+          "during the flood another tenant may subscribe")
     for st in streams:
         st.cancel()
     for t in threads:
