@@ -1601,14 +1601,18 @@ mem_session_fork(histd_driver *d, const char *tenant, const char *source_id,
 		goto out;
 
 	/* Inserted while the source is still locked, so the fork is the
-	 * source as it is at the moment the fork appears. */
+	 * source as it is at the moment the fork appears; and with its own
+	 * mutex held, so that nobody changes it before it is indexed. The
+	 * indexing (every copied message tokenized) is outside the driver's
+	 * lock, which every call of every tenant takes: an index build that
+	 * lists the fork meanwhile syncs it after this, adding nothing. */
+	pthread_mutex_lock(&f->mu);
 	pthread_rwlock_wrlock(&m->lock);
 	rc = tenant_insert(m, tenant, f);
-	/* Indexed before anyone can append to it, and in the same section
-	 * as an index build would list it. */
+	pthread_rwlock_unlock(&m->lock);
 	if (rc == 0)
 		index_change(f, HISTD_CHANGE_APPENDED);
-	pthread_rwlock_unlock(&m->lock);
+	pthread_mutex_unlock(&f->mu);
 	if (rc == 0) {
 		f = NULL;
 		*out = rec;
