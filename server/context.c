@@ -454,12 +454,16 @@ ts_set(Google__Protobuf__Timestamp *ts, int64_t us)
 /* The system index                                                        */
 
 /* Brings s's index up to `upto` (inclusive) for the session record sr.
- * s->idx_lock held. */
+ * s->idx_lock held. Each scan reads the session's record too: one of
+ * another life (deleted and created again under the id) or cleared since
+ * sr answers ECONFLICT, leaving the index empty, rather than mix what
+ * sr's read loaded with system messages it never held. */
 static int
 index_update(struct sess *s, histd_driver *d, const char *tenant,
 	     const histd_session *sr, uint64_t upto)
 {
-	histd_read q = { .tenant = tenant, .session_id = s->id };
+	histd_read q = { .tenant = tenant, .session_id = s->id,
+			 .want_session = 1 };
 	histd_read_result res = { 0 };
 	int rc = 0;
 
@@ -483,6 +487,18 @@ index_update(struct sess *s, histd_driver *d, const char *tenant,
 		q.limit = want > 4096 ? 4096 : (uint32_t)want;
 		if ((rc = histd_driver_read(d, &q, &res)))
 			break;
+		if (res.session &&
+		    (res.session->incarnation != sr->incarnation ||
+		     res.session->cleared_to_seq != sr->cleared_to_seq)) {
+			histd_read_result_clear(&res);
+			sys_clear(s);
+			s->idx_created_us = 0;
+			s->idx_scanned = 0;
+			rc = histd_error_set(HISTD_ECONFLICT, "session %s changed "
+					     "while it was read; read again",
+					     s->id);
+			break;
+		}
 		for (size_t i = 0; i < res.records.n && !rc; i++) {
 			const histd_record *r = &res.records.v[i];
 			uint32_t flags;
@@ -1047,9 +1063,13 @@ histd_context_get_messages(histd_context *x, histd_driver *d,
 	if (r->last_n > load)
 		load = r->last_n;
 	*out = NULL;
-	for (;;) {
+	for (int conflicts = 0;;) {
 		rc = context_once(x, d, tenant, r, max_response_bytes, load,
 				  &s, out, len);
+		/* The session changed between the view's reads: again, from
+		 * the start (a few times; then the caller hears of it). */
+		if (rc == HISTD_ECONFLICT && ++conflicts < 4)
+			continue;
 		if (rc != HISTD_PLUGIN_MORE)
 			break;
 		/* Each pass loads 8 times as many; the last one everything. */

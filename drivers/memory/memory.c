@@ -1721,6 +1721,8 @@ out:
 	return rc;
 }
 
+void (*histd_memory_read_test_hook)(const histd_read *q);
+
 static int
 mem_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 {
@@ -1728,6 +1730,8 @@ mem_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 	size_t from, to;
 	int rc;
 
+	if (histd_memory_read_test_hook)
+		histd_memory_read_test_hook(q);
 	if ((rc = session_open((mem_driver *)d, q->tenant, q->session_id, &s)))
 		return rc;
 	if (q->last_n) {

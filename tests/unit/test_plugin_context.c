@@ -21,6 +21,7 @@
 #include "driver.h"
 #include "histd/v1/histd.pb-c.h"
 #include "histd_wire.h"
+#include "memory/memory.h"
 #include "plugin.h"
 #include "service.h"
 #include "svc_calls.h"
@@ -796,6 +797,78 @@ remake(void)
 	tagged_turns("remade", "Second");
 }
 
+/* The read hook's work: once, at the system index's scan of "mix" (a
+ * read from seq 0, not of the newest), the session is made again with a
+ * system message of its own. */
+static int mix_fired;
+static const char *const mix_pl[] = { "window", "max_messages", "5", NULL };
+
+static void
+remake_mix_at_the_scan(const histd_read *q)
+{
+	Histd__V1__DeleteSessionRequest del =
+		HISTD__V1__DELETE_SESSION_REQUEST__INIT;
+
+	if (mix_fired || strcmp(q->session_id, "mix") || q->last_n ||
+	    q->after_seq)
+		return;
+	mix_fired = 1;
+	del.session_id = "mix";
+	assert_int_equal(ut_call(HISTD_M_DELETE_SESSION, &del.base, NULL, NULL),
+			 0);
+	assert_int_equal(ut_create("mix", mix_pl), 0);
+	append_msg("mix", HISTD__V1__ROLE__ROLE_SYSTEM, "second life system",
+		   NULL, NULL);
+	append_msg("mix", HISTD__V1__ROLE__ROLE_USER, "second life user",
+		   NULL, NULL);
+}
+
+/* A session deleted and made again between the CONTEXT view's read of
+ * the newest messages and its scan for the system messages before them:
+ * the view is one life's, never the new system message over the old
+ * tail. */
+static void
+a_view_never_mixes_two_lives_of_a_session(void **state)
+{
+	Histd__V1__GetMessagesResponse *g;
+	int first = 0, second = 0;
+
+	(void)state;
+	/* Entries idle for a microsecond are freed as others are made: the
+	 * view's read finds no system index for "mix" and scans for it. */
+	teardown(NULL);
+	next_entry_idle_us = 1;
+	assert_int_equal(start("", 0), 0);
+	next_entry_idle_us = 0;
+	assert_int_equal(ut_create("mix", mix_pl), 0);
+	append_msg("mix", HISTD__V1__ROLE__ROLE_SYSTEM, "first life system",
+		   NULL, NULL);
+	for (int i = 0; i < 60; i++)
+		append_msg("mix", HISTD__V1__ROLE__ROLE_USER, "first life user",
+			   NULL, NULL);
+	usleep(1000);
+	assert_int_equal(ut_create("other", NULL), 0);
+	append_msg("other", HISTD__V1__ROLE__ROLE_USER, "x", NULL, NULL);
+	mix_fired = 0;
+	histd_memory_read_test_hook = remake_mix_at_the_scan;
+	g = get_last("mix", 5);
+	histd_memory_read_test_hook = NULL;
+	assert_int_equal(mix_fired, 1);
+	for (size_t i = 0; i < g->n_messages; i++) {
+		const Histd__V1__Message *m = g->messages[i];
+		const char *t = m->n_content && m->content[0]->text
+				? m->content[0]->text->text : "";
+
+		first += strncmp(t, "first life", 10) == 0;
+		second += strncmp(t, "second life", 11) == 0;
+	}
+	if (first && second)
+		fail_msg("the view holds %d messages of the first life and %d "
+			 "of the second", first, second);
+	assert_int_equal(second, 2);
+	histd__v1__get_messages_response__free_unpacked(g, NULL);
+}
+
 /* The summary of the first conversation is not stored on the second,
  * though it has as many messages: its CONTEXT view is its own. */
 static void
@@ -1545,6 +1618,8 @@ main(void)
 			appends_racing_a_compaction_lose_nothing, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(ttl_deletes_idle_sessions_only,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(a_view_never_mixes_two_lives_of_a_session,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(stopping_ends_a_ttl_sweep_between_sessions,
 						setup, teardown),
