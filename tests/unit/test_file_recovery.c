@@ -1310,7 +1310,8 @@ record_torn_inside_the_prepared_zeros(void **state)
 	for (size_t at = 0; at < f.s1; at++) {
 		if (at >= hdr && at < f.s0)     /* the file's header, and X */
 			continue;
-		if (at < f.s0 + 4 && flip_ends_in_zeros(torn, len, f.s0, at)) {
+		if (at >= f.s0 && at < f.s0 + 4 &&
+		    flip_ends_in_zeros(torn, len, f.s0, at)) {
 			/* X's length changed to end in the zeros: that is what
 			 * a torn last record looks like (README), so X and
 			 * what follows are cut. */
