@@ -104,10 +104,23 @@ sh_append(histd_driver *d, const histd_append *a, histd_append_result *r)
 	return histd_driver_append(real(d), a, r);
 }
 
+/* A driver that reads the summary apart from the messages (as postgres
+ * does): the read leaves it to summary_get, before which `before_summary`
+ * runs once. */
+static int summary_apart;
+static void (*before_summary)(void);
+
 static int
 sh_read(histd_driver *d, const histd_read *q, histd_read_result *r)
 {
-	return histd_driver_read(real(d), q, r);
+	int rc = histd_driver_read(real(d), q, r);
+
+	if (rc == 0 && summary_apart) {
+		histd_record_free(r->summary);
+		r->summary = NULL;
+		r->summary_read = 0;
+	}
+	return rc;
 }
 
 static int
@@ -142,6 +155,11 @@ static int
 sh_summary_get(histd_driver *d, const char *t, const char *id,
 	       histd_record **out)
 {
+	void (*f)(void) = before_summary;
+
+	before_summary = NULL;
+	if (f)
+		f();
 	return histd_driver_summary_get(real(d), t, id, out);
 }
 
@@ -962,6 +980,59 @@ a_file_snapshot_holds_the_system_messages_a_truncate_kept(void **state)
 	remove_dir(dir);
 }
 
+/* Life B of "two": its own messages and a summary of them. */
+static const char *const two_pl[] = { "compaction", "keep_recent", "2", NULL };
+
+static void
+make_two_again(void)
+{
+	Histd__V1__DeleteSessionRequest del =
+		HISTD__V1__DELETE_SESSION_REQUEST__INIT;
+	Histd__V1__ReduceRequest red = HISTD__V1__REDUCE_REQUEST__INIT;
+
+	del.session_id = "two";
+	assert_int_equal(ut_call(HISTD_M_DELETE_SESSION, &del.base, NULL, NULL),
+			 0);
+	assert_int_equal(ut_create("two", two_pl), 0);
+	for (int i = 0; i < 6; i++)
+		append_text("two", HISTD__V1__ROLE__ROLE_USER, "bravo said this.");
+	red.session_id = "two";
+	assert_int_equal(ut_call(HISTD_M_REDUCE, &red.base, NULL, NULL), 0);
+}
+
+/* With a driver that reads the summary apart from the messages, a session
+ * deleted and made again in between: the CONTEXT view never shows the new
+ * life's summary over the old life's messages. */
+static void
+a_summary_read_apart_is_of_the_messages_life(void **state)
+{
+	Histd__V1__GetMessagesResponse *g;
+	int alpha = 0, bravo = 0;
+
+	(void)state;
+	assert_int_equal(ut_create("two", two_pl), 0);
+	for (int i = 0; i < 6; i++)
+		append_text("two", HISTD__V1__ROLE__ROLE_USER, "alpha said this.");
+	summary_apart = 1;
+	before_summary = make_two_again;
+	g = get("two", HISTD__V1__VIEW__VIEW_CONTEXT);
+	summary_apart = 0;
+	assert_null(before_summary);
+	for (size_t i = 0; i < g->n_messages; i++) {
+		const Histd__V1__Message *m = g->messages[i];
+		const char *t = m->n_content && m->content[0]->text
+				? m->content[0]->text->text : "";
+
+		alpha += strstr(t, "alpha") != NULL;
+		bravo += strstr(t, "bravo") != NULL;
+	}
+	if (alpha && bravo)
+		fail_msg("the view holds %d messages of the first life and %d "
+			 "of the second", alpha, bravo);
+	assert_true(bravo > 0);
+	histd__v1__get_messages_response__free_unpacked(g, NULL);
+}
+
 int
 main(void)
 {
@@ -996,6 +1067,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(
 			session_ttl_needs_a_driver_that_lists_its_tenants,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			a_summary_read_apart_is_of_the_messages_life, setup,
+			teardown),
 		cmocka_unit_test(
 			the_cleared_event_says_whether_system_messages_were_kept),
 		cmocka_unit_test(
