@@ -489,6 +489,7 @@ struct host {
 	struct tools_slot *tools;
 	size_t tools_cap, tools_used;
 	int oom;                       /* an arena allocation failed */
+	size_t moved;                  /* histd_view_moved */
 };
 
 static void *
@@ -582,14 +583,32 @@ op_changed(histd_view *v, size_t i)
 	}
 }
 
+void
+histd_view_remove_range(histd_view *v, size_t i, size_t k)
+{
+	struct host *h = v->host;
+	size_t after;
+
+	if (i >= v->n || !k)
+		return;
+	if (k > v->n - i)
+		k = v->n - i;
+	after = v->n - i - k;
+	memmove(&v->items[i], &v->items[i + k], after * sizeof(v->items[0]));
+	h->moved += after;
+	v->n -= k;
+}
+
+size_t
+histd_view_moved(const histd_view *v)
+{
+	return ((const struct host *)v->host)->moved;
+}
+
 static void
 op_remove(histd_view *v, size_t i)
 {
-	if (i >= v->n)
-		return;
-	memmove(&v->items[i], &v->items[i + 1],
-		(v->n - i - 1) * sizeof(v->items[0]));
-	v->n--;
+	histd_view_remove_range(v, i, 1);
 }
 
 static const histd_view_ops view_ops = {
@@ -707,6 +726,7 @@ histd_view_free(histd_view *v)
 	}
 	h->tools_used = 0;
 	h->oom = 0;
+	h->moved = 0;
 	if (h->cap > SPARE_ITEMS) {
 		free(v->items);
 		v->items = NULL;
@@ -1697,7 +1717,9 @@ histd_view_partition(histd_view *v)
 int
 histd_view_fixup(histd_view *v)
 {
+	struct host *h = v->host;
 	histd_idset calls, results;
+	size_t n = v->n, kept = 0, i;
 	int rc;
 
 	if ((rc = histd_view_partition(v)))
@@ -1721,18 +1743,26 @@ histd_view_fixup(histd_view *v)
 	 * count. Calls and results are unique per session, so "present in
 	 * the view" plus the append-time rule (results answer earlier calls)
 	 * gives the order; the partition above moves only system messages,
-	 * which carry no tool blocks. */
-	for (size_t i = 0; i < v->n && !rc;) {
-		if (v->items[i].flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)) {
-			rc = drop_unpaired(v, i, &calls, &results);
-			if (!rc && v->items[i].msg &&
-			    v->items[i].msg->n_content == 0) {
-				op_remove(v, i);
-				continue;
-			}
+	 * which carry no tool blocks. A message left empty goes; the others
+	 * move down over it, in one pass. */
+	for (i = 0; i < n && !rc; i++) {
+		if ((v->items[i].flags & (HISTD_ITEM_CALLS | HISTD_ITEM_RESULTS)) &&
+		    !(rc = drop_unpaired(v, i, &calls, &results)) &&
+		    v->items[i].msg && v->items[i].msg->n_content == 0)
+			continue;
+		if (kept != i) {
+			v->items[kept] = v->items[i];
+			h->moved++;
 		}
-		i++;
+		kept++;
 	}
+	/* On an error the items not looked at stay, after those kept. */
+	if (kept != i) {
+		memmove(&v->items[kept], &v->items[i],
+			(n - i) * sizeof(v->items[0]));
+		h->moved += n - i;
+	}
+	v->n = kept + (n - i);
 	histd_idset_free(&calls);
 	histd_idset_free(&results);
 	return rc;

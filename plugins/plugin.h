@@ -114,7 +114,9 @@ typedef struct histd_view_ops {
 	/* After changing item i's message in place: marks it changed and
 	 * re-estimates its tokens. */
 	void (*changed)(histd_view *v, size_t i);
-	/* Removes item i (later items move down by one). */
+	/* Removes item i (later items move down by one). Each call moves
+	 * every later item: removing k of n items near the front costs
+	 * about k * n moves. */
 	void (*remove)(histd_view *v, size_t i);
 	/* Zeroed memory that lives as long as the view; NULL if out of
 	 * memory. */
@@ -384,6 +386,15 @@ int histd_view_mask_result(histd_view *v, size_t i, uint32_t block,
 			   const char *text, int *done);
 /* Arena allocation (same as v->ops->alloc). */
 void *histd_view_alloc(histd_view *v, size_t size);
+/* Removes items [i, i + k) (k cut at the end of the view) with one move
+ * of the items after them: what k calls of ops->remove at i leave, at
+ * the cost of one. For the host and the built-in plugins (a shared
+ * object cannot call it). */
+void histd_view_remove_range(histd_view *v, size_t i, size_t k);
+/* How many items removals (ops->remove, histd_view_remove_range, the
+ * fix-up) have moved in v since histd_view_new: a cost figure for
+ * tests. */
+size_t histd_view_moved(const histd_view *v);
 
 /*
  * The fix-up alone: orders system, summary, rest; removes tool blocks
