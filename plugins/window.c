@@ -171,13 +171,9 @@ w_transform(void *state, histd_view *v)
 	for (s = s0; s < m && !safe[s]; s++)
 		;
 	free(safe);
-	/* Drop the messages before the start (never a pinned one). */
-	for (size_t i = from, k = 0; k < s; k++) {
-		if (pinned(&v->items[i]))
-			i++;
-		else
-			v->ops->remove(v, i);
-	}
+	/* Drop the messages before the start, at once: items from..from+m
+	 * are none of them pinned (the pinned ones lead the view). */
+	histd_view_remove_range(v, from, s);
 	v->bounded = 1;
 	return 0;
 }

@@ -676,32 +676,30 @@ last_n_window(uint32_t n, histd_pipeline **out)
 }
 
 /* Drops the oldest non-system, non-summary items until the packed view
- * fits max bytes (estimated from item sizes), then fixes up again. */
+ * fits max bytes (estimated from item sizes), then fixes up again. v is
+ * fixed up already: its pinned items lead, and the dropped ones are the
+ * run after them, removed at once. */
 static int
 fit_bytes(histd_view *v, size_t max, size_t **plen)
 {
-	size_t total = 0, i = 0, k = 0;
+	size_t total = 0, from = 0, k = 0;
 	int rc;
 
 	for (size_t j = 0; j < v->n; j++)
 		total += (*plen)[j] + 1 + histd_wire_varint_size((*plen)[j]);
 	if (total + 64 <= max)
 		return 0;
-	while (i < v->n && total + 64 > max) {
-		histd_view_item *it = &v->items[i];
-		size_t l = (*plen)[k];
+	while (from < v->n &&
+	       (v->items[from].flags & (HISTD_ITEM_SYSTEM | HISTD_ITEM_SUMMARY)))
+		from++;
+	/* At least the newest message stays. */
+	while (total + 64 > max && v->n - (from + k) > 1) {
+		size_t l = (*plen)[from + k];
 
-		if (it->flags & (HISTD_ITEM_SYSTEM | HISTD_ITEM_SUMMARY)) {
-			i++;
-			k++;
-			continue;
-		}
-		if (v->n - i <= 1)
-			break;      /* keep at least the newest message */
 		total -= l + 1 + histd_wire_varint_size(l);
-		v->ops->remove(v, i);
 		k++;
 	}
+	histd_view_remove_range(v, from, k);
 	if ((rc = histd_view_fixup(v)))
 		return rc;
 	/* The fix-up may change or drop items: measured again. */

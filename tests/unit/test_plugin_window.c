@@ -1,7 +1,8 @@
 /*
- * The window plugin's retention option (plugins/window.c): how it is
- * parsed and validated, what the host reads of it
- * (histd_window_retention_delete), and that it never changes the view.
+ * The window plugin (plugins/window.c): its retention option (how it is
+ * parsed and validated, what the host reads of it,
+ * histd_window_retention_delete, and that it never changes the view), and
+ * what dropping the oldest messages costs.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -231,6 +232,43 @@ retention_delete_shows_the_same_view_as_retention_view(void **state)
 		free(data[i]);
 }
 
+#define LONG_VIEW 20000
+
+/* A window of 10 over 20,000 messages drops the 19,990 oldest with one
+ * move of the 10 it keeps, not one move of the rest per message dropped
+ * (about 2 * 10^8 items): removals cost what the view holds. */
+static void
+window_drops_the_oldest_at_once(void **state)
+{
+	histd_pipeline *p = NULL;
+	histd_view *v = histd_view_new();
+	uint8_t *data[N_MSGS];
+	size_t len[N_MSGS], n = transcript(data, len);
+
+	(void)state;
+	assert_non_null(v);
+	assert_int_equal(histd_pipeline_parse("window:max_messages=10", "spec",
+					      &p), 0);
+	/* The transcript's system prompt, then its first user message again
+	 * and again. */
+	assert_int_equal(histd_view_push_record(v, 1, 10, data[0], len[0]), 0);
+	for (uint64_t seq = 2; seq <= LONG_VIEW + 1; seq++)
+		assert_int_equal(histd_view_push_record(v, seq, 10, data[1],
+							len[1]), 0);
+	v->complete = 1;
+	assert_int_equal(histd_pipeline_transform(p, v), 0);
+	assert_int_equal(v->n, 11);
+	assert_int_equal(v->items[0].seq, 1);
+	assert_int_equal(v->items[1].seq, LONG_VIEW + 1 - 9);
+	assert_int_equal(v->items[10].seq, LONG_VIEW + 1);
+	if (histd_view_moved(v) > 10)
+		fail_msg("the window moved %zu items", histd_view_moved(v));
+	histd_view_free(v);
+	histd_pipeline_free(p);
+	for (size_t i = 0; i < n; i++)
+		free(data[i]);
+}
+
 int
 main(void)
 {
@@ -240,6 +278,7 @@ main(void)
 			retention_other_than_view_or_delete_is_invalid_naming_the_option),
 		cmocka_unit_test(
 			retention_delete_shows_the_same_view_as_retention_view),
+		cmocka_unit_test(window_drops_the_oldest_at_once),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
