@@ -1715,6 +1715,46 @@ histd_view_partition(histd_view *v)
 }
 
 int
+histd_view_last_unanswered(histd_view *v, uint64_t *seq)
+{
+	histd_idset calls;
+	int rc = 0;
+
+	*seq = 0;
+	histd_idset_init(&calls);
+	for (size_t i = 0; i < v->n && !rc; i++) {
+		const histd_view_tool *refs;
+		size_t n_refs;
+
+		if (!(v->items[i].flags & HISTD_ITEM_CALLS))
+			continue;
+		if ((rc = histd_view_tools(v, i, &refs, &n_refs)))
+			break;
+		for (size_t j = 0; j < n_refs && !rc; j++)
+			if (refs[j].kind == HISTD_ITEM_CALLS)
+				rc = histd_idset_add(&calls, refs[j].id);
+	}
+	for (size_t i = 0; i < v->n && !rc; i++) {
+		const histd_view_tool *refs;
+		size_t n_refs;
+
+		if (!(v->items[i].flags & HISTD_ITEM_RESULTS) ||
+		    v->items[i].seq <= *seq)
+			continue;
+		if ((rc = histd_view_tools(v, i, &refs, &n_refs)))
+			break;
+		for (size_t j = 0; j < n_refs; j++)
+			if (refs[j].kind == HISTD_ITEM_RESULTS &&
+			    !histd_idset_has(&calls, refs[j].id)) {
+				*seq = v->items[i].seq;
+				break;
+			}
+	}
+	histd_idset_free(&calls);
+	return rc;
+}
+
+int
 histd_view_fixup(histd_view *v)
 {
 	struct host *h = v->host;

@@ -401,6 +401,10 @@ size_t histd_view_moved(const histd_view *v);
  * without partners (and messages left empty). 0 or ENOMEM/ECORRUPT.
  */
 int histd_view_fixup(histd_view *v);
+/* The seq of the newest item of v holding a tool_result whose tool_call
+ * no item of v holds (what the fix-up would drop), in *seq; 0 when there
+ * is none. 0 or ENOMEM/ECORRUPT. */
+int histd_view_last_unanswered(histd_view *v, uint64_t *seq);
 /* Orders v's items system messages first, then the summary, then the rest,
  * each kind in its order (as a view is handed to transforms): 0 or
  * ENOMEM. */

@@ -675,6 +675,43 @@ last_n_window(uint32_t n, histd_pipeline **out)
 	return histd_pipeline_parse(spec, "last_n", out);
 }
 
+/* 1 if some plugin of p has a transform. */
+static int
+has_transform(const histd_pipeline *p)
+{
+	for (size_t i = 0; i < histd_pipeline_len(p); i++)
+		if (histd_pipeline_plugin(p, i, NULL)->transform)
+			return 1;
+	return 0;
+}
+
+/*
+ * Whether v, the fixed-up view of the newest messages loaded with no
+ * transform run, gives the last_n window what the whole session's view
+ * would. The fix-up treats a loaded message alike in both unless it
+ * holds a result whose call v lacks (older than the load, or covered:
+ * unanswered is the newest such seq, 0 for none), and the window of
+ * last_n looks only at the newest last_n messages and the one before
+ * them. So more than last_n messages newer than that one decide it.
+ */
+static int
+tail_decides(const histd_view *v, uint64_t unanswered, uint32_t last_n)
+{
+	size_t newer = 0, n = last_n < WINDOW_MAX_MESSAGES ? last_n :
+			       WINDOW_MAX_MESSAGES;
+
+	for (size_t i = v->n; i-- > 0 && newer <= n;) {
+		const histd_view_item *it = &v->items[i];
+
+		if (it->flags & (HISTD_ITEM_SYSTEM | HISTD_ITEM_SUMMARY))
+			break;
+		if (it->seq <= unanswered)
+			break;
+		newer++;
+	}
+	return newer > n;
+}
+
 /* Drops the oldest non-system, non-summary items until the packed view
  * fits max bytes (estimated from item sizes), then fixes up again. v is
  * fixed up already: its pinned items lead, and the dropped ones are the
@@ -916,7 +953,8 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	histd_view *v = NULL;
 	struct sess *s = *sp;
 	size_t n_older, *plen;
-	int rc, owned = 0;
+	uint64_t unanswered = 0;
+	int rc, owned = 0, tail;
 
 	/* What the last full read of this revision found is not read
 	 * again (known_revision). */
@@ -979,6 +1017,15 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	if ((rc = view_fill(s, d, tenant, sr, &res, sum ? sv : NULL,
 			     load, v, &n_older)))
 		goto out;
+	/* Without transforms the view is every message, fixed up; last_n
+	 * then keeps its tail. The newest messages loaded decide that tail
+	 * (tail_decides), so they are not read past. */
+	tail = r->last_n && !v->complete && !has_transform(p);
+	if (tail) {
+		if ((rc = histd_view_last_unanswered(v, &unanswered)))
+			goto out;
+		v->bounded = 1;     /* the last_n window below chooses */
+	}
 
 	rc = histd_pipeline_transform(p, v);
 	if (rc == HISTD_PLUGIN_MORE) {
@@ -987,6 +1034,10 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	}
 	if (rc)
 		goto out;
+	if (tail && !tail_decides(v, unanswered, r->last_n)) {
+		rc = HISTD_PLUGIN_MORE;
+		goto out;
+	}
 	if (r->last_n) {
 		if ((rc = last_n_window(r->last_n, &extra)))
 			goto out;
@@ -1058,8 +1109,9 @@ histd_context_get_messages(histd_context *x, histd_driver *d,
 	if (s && atomic_load_explicit(&s->load_hint, memory_order_relaxed))
 		load = atomic_load_explicit(&s->load_hint,
 					    memory_order_relaxed);
-	if (r->last_n > load)
-		load = r->last_n;
+	/* One more than last_n says where its window may start. */
+	if (r->last_n >= load)
+		load = r->last_n < UINT32_MAX ? r->last_n + 1 : UINT32_MAX;
 	*out = NULL;
 	for (int conflicts = 0;;) {
 		rc = context_once(x, d, tenant, r, max_response_bytes, load,

@@ -1185,6 +1185,91 @@ context_of_a_long_session_reads_only_its_tail(void **state)
 	}
 }
 
+/* Records the CONTEXT reads of "tail" asked the driver for: the newest
+ * (last_n) and pages from a seq (limit, the system index's scan). */
+static uint64_t tail_asked, scan_asked;
+
+static void
+count_tail_reads(const histd_read *q)
+{
+	if (strcmp(q->session_id, "tail"))
+		return;
+	if (q->last_n)
+		tail_asked += q->last_n;
+	else
+		scan_asked += q->limit;
+}
+
+/* Appends n user messages "m<i>" to id, 1000 to an Append. */
+static void
+append_many(const char *id, int n)
+{
+	static Histd__V1__Message m[1000], *mp[1000];
+	static Histd__V1__ContentBlock b[1000], *bp[1000];
+	static Histd__V1__TextBlock t[1000];
+	static char text[1000][16];
+
+	for (int done = 0; done < n;) {
+		Histd__V1__AppendRequest r = HISTD__V1__APPEND_REQUEST__INIT;
+		int k = n - done < 1000 ? n - done : 1000;
+
+		for (int i = 0; i < k; i++) {
+			histd__v1__message__init(&m[i]);
+			histd__v1__content_block__init(&b[i]);
+			histd__v1__text_block__init(&t[i]);
+			snprintf(text[i], sizeof(text[i]), "m%d", done + i);
+			t[i].text = text[i];
+			b[i].block_case = HISTD__V1__CONTENT_BLOCK__BLOCK_TEXT;
+			b[i].text = &t[i];
+			bp[i] = &b[i];
+			m[i].role = HISTD__V1__ROLE__ROLE_USER;
+			m[i].content = &bp[i];
+			m[i].n_content = 1;
+			mp[i] = &m[i];
+		}
+		r.session_id = (char *)id;
+		r.messages = mp;
+		r.n_messages = (size_t)k;
+		if (ut_call(HISTD_M_APPEND, &r.base, NULL, NULL))
+			fail_msg("append: %s", histd_error_message());
+		done += k;
+	}
+}
+
+/* With no transform in the pipeline (the default empty one), a CONTEXT
+ * read with last_n loads the newest messages it needs, as RAW does, not
+ * the whole session: the records it asks the driver for do not grow with
+ * the session. (The system index scans the older messages once, at the
+ * first read, and keeps them.) */
+static void
+context_last_n_without_transforms_loads_only_the_tail(void **state)
+{
+	static const char *const empty[] = { NULL };
+	Histd__V1__GetMessagesResponse *g;
+
+	(void)state;
+	assert_int_equal(ut_create("tail", empty), 0);
+	append_msg("tail", HISTD__V1__ROLE__ROLE_SYSTEM, "sys", NULL, NULL);
+	append_many("tail", 20000);
+	histd_memory_read_test_hook = count_tail_reads;
+	for (int k = 0; k < 2; k++) {
+		tail_asked = scan_asked = 0;
+		g = get_last("tail", 10);
+		assert_int_equal(g->n_messages, 11);
+		assert_string_equal(tc_text_of(g->messages[0]), "sys");
+		assert_int_equal(g->messages[1]->seq, 20001 - 9);
+		assert_int_equal(g->messages[10]->seq, 20001);
+		ut_free_msg(g);
+		if (tail_asked > 64)
+			fail_msg("read %d asked for the newest %llu records", k,
+				 (unsigned long long)tail_asked);
+		/* Once scanned, the index is not scanned again. */
+		if (k > 0)
+			assert_int_equal(scan_asked, 0);
+	}
+	histd_memory_read_test_hook = NULL;
+}
+
 /* Packed messages of two views are the same, in order (but for
  * created_at: the two sessions were written at different times). */
 static void
@@ -1296,6 +1381,67 @@ the_window_hint_loads_less_and_changes_nothing(void **state)
 				ut_free_msg(x);
 				ut_free_msg(y);
 			}
+		}
+	}
+}
+
+/*
+ * A CONTEXT last_n read that loads only the newest messages (no
+ * transform) shows what one of the whole session shows ("full": a window
+ * too wide to cut, so everything is loaded), after every append: with a
+ * system message mid-history, and a tool call answered 95 messages later,
+ * whose result the newest messages hold for a while.
+ */
+static void
+context_last_n_of_the_tail_is_that_of_the_whole_session(void **state)
+{
+	static const char *const empty[] = { NULL };
+	static const char *const full[] = {
+		"window", "max_messages", "10000000", NULL };
+	static const uint32_t last_n[] = { 1, 5, 10, 40 };
+	const char *const ids[] = { "tail", "full" };
+
+	(void)state;
+	assert_int_equal(ut_create("tail", empty), 0);
+	assert_int_equal(ut_create("full", full), 0);
+	for (int i = 0; i < 150; i++) {
+		char c[32];
+
+		snprintf(c, sizeof(c), "c%d", i / 5);
+		for (int s = 0; s < 2; s++) {
+			const char *id = ids[s];
+
+			if (i == 0 || i == 60)
+				append_msg(id, HISTD__V1__ROLE__ROLE_SYSTEM,
+					   "sys", NULL, NULL);
+			else if (i == 5)
+				append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT,
+					   NULL, "late", NULL);
+			else if (i == 100)
+				append_msg(id, HISTD__V1__ROLE__ROLE_TOOL,
+					   "late result", NULL, "late");
+			else if (i % 5 == 1)
+				append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT,
+					   NULL, c, NULL);
+			else if (i % 5 == 2)
+				append_msg(id, HISTD__V1__ROLE__ROLE_TOOL,
+					   "result", NULL, c);
+			else if (i % 5 == 3)
+				append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT,
+					   "Answer.", NULL, NULL);
+			else
+				append_msg(id, HISTD__V1__ROLE__ROLE_USER,
+					   "Question.", NULL, NULL);
+		}
+		for (size_t k = 0; k < sizeof(last_n) / sizeof(last_n[0]);
+		     k++) {
+			Histd__V1__GetMessagesResponse *x, *y;
+
+			x = get_last("tail", last_n[k]);
+			y = get_last("full", last_n[k]);
+			assert_same_messages(x, y);
+			ut_free_msg(x);
+			ut_free_msg(y);
 		}
 	}
 }
@@ -1631,6 +1777,12 @@ main(void)
 		cmocka_unit_test_setup_teardown(
 			context_of_a_long_session_reads_only_its_tail, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			context_last_n_without_transforms_loads_only_the_tail,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			context_last_n_of_the_tail_is_that_of_the_whole_session,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			reduce_never_covers_a_call_waiting_for_its_result,
 			setup, teardown),
