@@ -145,6 +145,12 @@ histd_driver_validate(const histd_driver *d)
 		return histd_error_set(HISTD_EINVALID,
 				       "driver '%s': callback 'tenant_list' is missing",
 				       name);
+	/* Truncating one life, without truncating at all, is half a pair:
+	 * histd_driver_can_truncate would say no. */
+	if (d->version >= 6 && d->truncate_life && !d->truncate)
+		return histd_error_set(HISTD_EINVALID,
+				       "driver '%s': truncate_life is set without truncate",
+				       name);
 	return 0;
 }
 
@@ -712,6 +718,18 @@ histd_driver_summary_put(histd_driver *d, const char *tenant, const char *id,
 			 const histd_record *summary, uint64_t *revision,
 			 uint64_t *current_revision)
 {
+	return histd_driver_summary_put_life(d, tenant, id, expected_revision,
+					     0, summary, revision,
+					     current_revision);
+}
+
+int
+histd_driver_summary_put_life(histd_driver *d, const char *tenant,
+			      const char *id, uint64_t expected_revision,
+			      uint64_t incarnation,
+			      const histd_record *summary, uint64_t *revision,
+			      uint64_t *current_revision)
+{
 	uint64_t rev = 0, cur = 0;
 	int rc;
 
@@ -721,9 +739,17 @@ histd_driver_summary_put(histd_driver *d, const char *tenant, const char *id,
 		return histd_error_set(HISTD_EINVALID, "summary is NULL");
 	if ((rc = check_bytes(summary->data, summary->len, "summary")))
 		return rc;
-	rc = OBSERVED("summary_put",
-		      d->summary_put(d, tenant, id, expected_revision, summary,
-				     &rev, &cur));
+	/* Without summary_put_life, by revision alone. */
+	if (incarnation && d->version >= 6 && d->summary_put_life)
+		rc = OBSERVED("summary_put",
+			      d->summary_put_life(d, tenant, id,
+						  expected_revision,
+						  incarnation, summary, &rev,
+						  &cur));
+	else
+		rc = OBSERVED("summary_put",
+			      d->summary_put(d, tenant, id, expected_revision,
+					     summary, &rev, &cur));
 	if (rc == 0) {
 		if (revision)
 			*revision = rev;
@@ -870,6 +896,17 @@ histd_driver_truncate(histd_driver *d, const char *tenant, const char *id,
 		      uint64_t up_to_seq, uint64_t expected_revision,
 		      uint64_t *revision, uint64_t *current_revision)
 {
+	return histd_driver_truncate_life(d, tenant, id, up_to_seq,
+					  expected_revision, 0, revision,
+					  current_revision);
+}
+
+int
+histd_driver_truncate_life(histd_driver *d, const char *tenant,
+			   const char *id, uint64_t up_to_seq,
+			   uint64_t expected_revision, uint64_t incarnation,
+			   uint64_t *revision, uint64_t *current_revision)
+{
 	uint64_t rev = 0, cur = 0;
 	int rc;
 
@@ -880,8 +917,16 @@ histd_driver_truncate(histd_driver *d, const char *tenant, const char *id,
 	if (!histd_driver_can_truncate(d))
 		return histd_error_set(HISTD_EUNIMPL,
 				       "the driver cannot delete old messages");
-	rc = OBSERVED("truncate", d->truncate(d, tenant, id, up_to_seq,
-					      expected_revision, &rev, &cur));
+	/* Without truncate_life, by revision alone. */
+	if (incarnation && d->version >= 6 && d->truncate_life)
+		rc = OBSERVED("truncate",
+			      d->truncate_life(d, tenant, id, up_to_seq,
+					       expected_revision, incarnation,
+					       &rev, &cur));
+	else
+		rc = OBSERVED("truncate",
+			      d->truncate(d, tenant, id, up_to_seq,
+					  expected_revision, &rev, &cur));
 	if (rc == 0 && revision)
 		*revision = rev;
 	else if (rc == HISTD_ECONFLICT && current_revision)

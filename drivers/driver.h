@@ -58,8 +58,10 @@
  * valid: its search wrappers answer EUNIMPL. 3 added truncate (optional),
  * 4 tenant_list (required from 4; an older driver's wrapper answers
  * EUNIMPL, and session TTL refuses it), 5 session_delete_life
- * (optional; its wrapper falls back to session_delete). */
-#define HISTD_DRIVER_VERSION 5
+ * (optional; its wrapper falls back to session_delete), 6 truncate_life
+ * and summary_put_life (optional; their wrappers fall back to truncate
+ * and summary_put). */
+#define HISTD_DRIVER_VERSION 6
 
 /* ---------------------------------------------------------------------- */
 /* Values passed to and from drivers                                       */
@@ -639,6 +641,34 @@ struct histd_driver {
 				   const char *id, uint64_t expected_revision,
 				   uint64_t incarnation,
 				   uint64_t *current_revision);
+
+	/* --- version 6 --- */
+
+	/* Optional; half a pair without truncate. truncate of one life of
+	 * the session: when the session under the id is not the life
+	 * `incarnation` (0: any life), ENOTFOUND and nothing changes, as in
+	 * session_delete_life. A session deleted and created again starts
+	 * again at revision 1, so an expected revision alone does not tell
+	 * the lives apart: retention computes up_to_seq from one life and
+	 * truncates with this, so that it never deletes another life's
+	 * messages. */
+	int (*truncate_life)(histd_driver *d, const char *tenant,
+			     const char *id, uint64_t up_to_seq,
+			     uint64_t expected_revision, uint64_t incarnation,
+			     uint64_t *revision, uint64_t *current_revision);
+
+	/* Optional. summary_put of one life of the session: when the
+	 * session under the id is not the life `incarnation` (0: any life),
+	 * ENOTFOUND and nothing changes, as in session_delete_life.
+	 * Compaction stores with it, so that a summary of one life's
+	 * messages never lands in a session created again under the id
+	 * (it would show that text and hide the new life's messages up to
+	 * its covers_to_seq). */
+	int (*summary_put_life)(histd_driver *d, const char *tenant,
+				const char *id, uint64_t expected_revision,
+				uint64_t incarnation,
+				const histd_record *summary, uint64_t *revision,
+				uint64_t *current_revision);
 };
 
 /* Driver options from the configuration. Each driver reads its own. */
@@ -735,6 +765,13 @@ int histd_driver_summary_put(histd_driver *d, const char *tenant,
 			     const char *id, uint64_t expected_revision,
 			     const histd_record *summary, uint64_t *revision,
 			     uint64_t *current_revision);
+/* summary_put_life; a driver without it stores by revision alone. */
+int histd_driver_summary_put_life(histd_driver *d, const char *tenant,
+				  const char *id, uint64_t expected_revision,
+				  uint64_t incarnation,
+				  const histd_record *summary,
+				  uint64_t *revision,
+				  uint64_t *current_revision);
 int histd_driver_summary_get(histd_driver *d, const char *tenant,
 			     const char *id, histd_record **out);
 void histd_driver_set_notify(histd_driver *d, histd_change_fn fn, void *ctx);
@@ -764,6 +801,12 @@ int histd_driver_truncate(histd_driver *d, const char *tenant,
 			  const char *id, uint64_t up_to_seq,
 			  uint64_t expected_revision, uint64_t *revision,
 			  uint64_t *current_revision);
+/* truncate_life; a driver without it truncates by revision alone. */
+int histd_driver_truncate_life(histd_driver *d, const char *tenant,
+			       const char *id, uint64_t up_to_seq,
+			       uint64_t expected_revision,
+			       uint64_t incarnation, uint64_t *revision,
+			       uint64_t *current_revision);
 /* EUNIMPL for a driver older than version 4; *out is the caller's on
  * success. */
 int histd_driver_tenant_list(histd_driver *d, const char *after,

@@ -570,6 +570,17 @@ lock_session(hf_driver *d, const char *tenant, const char *id,
 	return 0;
 }
 
+/* 0 when s is the life `incarnation` (0: any); else ENOTFOUND, the lock
+ * released. */
+static int
+check_life(hf_driver *d, const hf_session *s, uint64_t incarnation)
+{
+	if (incarnation && s->incarnation != incarnation)
+		return settle(d, s->lsn, histd_error_set(HISTD_ENOTFOUND,
+			"session not found (it was deleted and created again)"));
+	return 0;
+}
+
 /* Begins the log record `type` of session s in b: tenant, id, the
  * revision it makes and, but for a delete, `at`: the server time of the
  * change (format 2). */
@@ -641,11 +652,9 @@ fd_session_delete_life(histd_driver *dd, const char *tenant, const char *id,
 	int rc;
 
 	if ((rc = lock_session(d, tenant, id, expected_revision,
-			       current_revision, &s)))
+			       current_revision, &s)) ||
+	    (rc = check_life(d, s, incarnation)))
 		return rc;
-	if (incarnation && s->incarnation != incarnation)
-		return settle(d, s->lsn, histd_error_set(HISTD_ENOTFOUND,
-			"session not found (it was deleted and created again)"));
 	if ((rc = record_plain(d, HF_T_DELETE, HISTD_CHANGE_DELETED, tenant, id,
 			       s, 0, &nt)))
 		return rc;
@@ -1095,9 +1104,10 @@ out:
 }
 
 static int
-fd_truncate(histd_driver *dd, const char *tenant, const char *id,
-	    uint64_t up_to_seq, uint64_t expected_revision, uint64_t *revision,
-	    uint64_t *current_revision)
+fd_truncate_life(histd_driver *dd, const char *tenant, const char *id,
+		 uint64_t up_to_seq, uint64_t expected_revision,
+		 uint64_t incarnation, uint64_t *revision,
+		 uint64_t *current_revision)
 {
 	hf_driver *d = (hf_driver *)dd;
 	int64_t at = histd_now_us();
@@ -1109,7 +1119,8 @@ fd_truncate(histd_driver *dd, const char *tenant, const char *id,
 	int rc;
 
 	if ((rc = lock_session(d, tenant, id, expected_revision,
-			       current_revision, &s)))
+			       current_revision, &s)) ||
+	    (rc = check_life(d, s, incarnation)))
 		return rc;
 	if (!hf_truncate_deletes(s, up_to_seq)) {
 		*revision = s->revision;
@@ -1144,13 +1155,23 @@ fd_truncate(histd_driver *dd, const char *tenant, const char *id,
 	return commit(d, s, NULL, 0, NULL);
 }
 
+static int
+fd_truncate(histd_driver *dd, const char *tenant, const char *id,
+	    uint64_t up_to_seq, uint64_t expected_revision, uint64_t *revision,
+	    uint64_t *current_revision)
+{
+	return fd_truncate_life(dd, tenant, id, up_to_seq, expected_revision, 0,
+				revision, current_revision);
+}
+
 /* ---------------------------------------------------------------------- */
 /* Summaries                                                               */
 
 static int
-fd_summary_put(histd_driver *dd, const char *tenant, const char *id,
-	       uint64_t expected_revision, const histd_record *summary,
-	       uint64_t *revision, uint64_t *current_revision)
+fd_summary_put_life(histd_driver *dd, const char *tenant, const char *id,
+		    uint64_t expected_revision, uint64_t incarnation,
+		    const histd_record *summary, uint64_t *revision,
+		    uint64_t *current_revision)
 {
 	hf_driver *d = (hf_driver *)dd;
 	histd_record r = *summary;
@@ -1167,6 +1188,8 @@ fd_summary_put(histd_driver *dd, const char *tenant, const char *id,
 		return settle_missing(d, not_found());
 	if ((rc = hf_check_revision(s, expected_revision, current_revision)))
 		return settle(d, s->lsn, rc);
+	if ((rc = check_life(d, s, incarnation)))
+		return rc;
 	if (hf_sums_reserve(s, s->n_sums + 1) ||
 	    !(r.data = malloc(summary->len ? summary->len : 1)))
 		return settle(d, 0, enomem());
@@ -1194,6 +1217,15 @@ fd_summary_put(histd_driver *dd, const char *tenant, const char *id,
 	hf_session_account(d, s);
 	*revision = s->revision;
 	return commit(d, s, NULL, 0, NULL);
+}
+
+static int
+fd_summary_put(histd_driver *dd, const char *tenant, const char *id,
+	       uint64_t expected_revision, const histd_record *summary,
+	       uint64_t *revision, uint64_t *current_revision)
+{
+	return fd_summary_put_life(dd, tenant, id, expected_revision, 0,
+				   summary, revision, current_revision);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1481,6 +1513,8 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 		.truncate = fd_truncate,
 		.tenant_list = fd_tenant_list,
 		.session_delete_life = fd_session_delete_life,
+		.truncate_life = fd_truncate_life,
+		.summary_put_life = fd_summary_put_life,
 	};
 	d->max_sessions = cfg->max_sessions_per_tenant;
 	d->max_msgs = cfg->max_session_messages;

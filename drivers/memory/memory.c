@@ -588,6 +588,16 @@ fail:
 	return NULL;
 }
 
+/* ENOTFOUND when s is not the life `incarnation` (0: any). */
+static int
+check_life(const mem_session *s, uint64_t incarnation)
+{
+	if (incarnation && s->incarnation != incarnation)
+		return histd_error_set(HISTD_ENOTFOUND, "session not found "
+				       "(it was deleted and created again)");
+	return 0;
+}
+
 static int
 check_revision(const mem_session *s, uint64_t expected, uint64_t *current)
 {
@@ -1470,12 +1480,8 @@ mem_session_delete_life(histd_driver *d, const char *tenant, const char *id,
 
 	if ((rc = session_open(m, tenant, id, &s)))
 		return rc;
-	if (incarnation && s->incarnation != incarnation) {
-		session_close(s);
-		return histd_error_set(HISTD_ENOTFOUND, "session not found "
-				       "(it was deleted and created again)");
-	}
-	if ((rc = check_revision(s, expected_revision, current_revision))) {
+	if ((rc = check_life(s, incarnation)) ||
+	    (rc = check_revision(s, expected_revision, current_revision))) {
 		session_close(s);
 		return rc;
 	}
@@ -1987,9 +1993,10 @@ drop_up_to(mem_session *s, uint64_t up_to, mem_tool **victims)
 }
 
 static int
-mem_truncate(histd_driver *d, const char *tenant, const char *id,
-	     uint64_t up_to_seq, uint64_t expected_revision,
-	     uint64_t *revision, uint64_t *current_revision)
+mem_truncate_life(histd_driver *d, const char *tenant, const char *id,
+		  uint64_t up_to_seq, uint64_t expected_revision,
+		  uint64_t incarnation, uint64_t *revision,
+		  uint64_t *current_revision)
 {
 	mem_driver *m = (mem_driver *)d;
 	mem_tool **victims = NULL;
@@ -1999,7 +2006,8 @@ mem_truncate(histd_driver *d, const char *tenant, const char *id,
 
 	if ((rc = session_open(m, tenant, id, &s)))
 		return rc;
-	if ((rc = check_revision(s, expected_revision, current_revision)))
+	if ((rc = check_life(s, incarnation)) ||
+	    (rc = check_revision(s, expected_revision, current_revision)))
 		goto out;
 	if (!deletes_something(s, up_to_seq)) {
 		*revision = s->revision;
@@ -2045,13 +2053,23 @@ out:
 	return rc;
 }
 
+static int
+mem_truncate(histd_driver *d, const char *tenant, const char *id,
+	     uint64_t up_to_seq, uint64_t expected_revision,
+	     uint64_t *revision, uint64_t *current_revision)
+{
+	return mem_truncate_life(d, tenant, id, up_to_seq, expected_revision, 0,
+				 revision, current_revision);
+}
+
 /* ---------------------------------------------------------------------- */
 /* Summaries                                                               */
 
 static int
-mem_summary_put(histd_driver *d, const char *tenant, const char *id,
-		uint64_t expected_revision, const histd_record *summary,
-		uint64_t *revision, uint64_t *current_revision)
+mem_summary_put_life(histd_driver *d, const char *tenant, const char *id,
+		     uint64_t expected_revision, uint64_t incarnation,
+		     const histd_record *summary, uint64_t *revision,
+		     uint64_t *current_revision)
 {
 	mem_driver *m = (mem_driver *)d;
 	mem_session *s;
@@ -2059,7 +2077,8 @@ mem_summary_put(histd_driver *d, const char *tenant, const char *id,
 
 	if ((rc = session_open(m, tenant, id, &s)))
 		return rc;
-	if ((rc = check_revision(s, expected_revision, current_revision)) ||
+	if ((rc = check_life(s, incarnation)) ||
+	    (rc = check_revision(s, expected_revision, current_revision)) ||
 	    (rc = sums_add(s, summary)))
 		goto out;
 	s->revision++;
@@ -2070,6 +2089,15 @@ mem_summary_put(histd_driver *d, const char *tenant, const char *id,
 out:
 	session_close(s);
 	return rc;
+}
+
+static int
+mem_summary_put(histd_driver *d, const char *tenant, const char *id,
+		uint64_t expected_revision, const histd_record *summary,
+		uint64_t *revision, uint64_t *current_revision)
+{
+	return mem_summary_put_life(d, tenant, id, expected_revision, 0,
+				    summary, revision, current_revision);
 }
 
 static int
@@ -2506,6 +2534,8 @@ histd_memory_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.truncate = mem_truncate,
 		.tenant_list = mem_tenant_list,
 		.session_delete_life = mem_session_delete_life,
+		.truncate_life = mem_truncate_life,
+		.summary_put_life = mem_summary_put_life,
 	};
 	m->seed = random_seed();
 	htab_init(&m->tenants, tenant_key, m->seed);

@@ -162,6 +162,17 @@ lock_session(pg_driver *d, pg_conn *c, const char *tenant, const char *id,
 	return 0;
 }
 
+/* ENOTFOUND when the locked session is not the life `life` (0: any): the
+ * sid is the life (pg_row_session). */
+static int
+check_life(const locked *l, uint64_t life)
+{
+	if (life && (uint64_t)l->sid != life)
+		return histd_error_set(HISTD_ENOTFOUND, "session not found "
+				       "(it was deleted and created again)");
+	return 0;
+}
+
 /* The write, COMMIT and the notice in one round trip. The notice runs
  * after the COMMIT, as a transaction of its own (PostgreSQL serializes
  * the commits of notifying transactions); it is best effort: the
@@ -671,12 +682,8 @@ delete_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 
 	rc = lock_session(d, c, a->tenant, a->id, a->expected, &a->l, &a->current,
 			  retry);
-	if (rc)
+	if (rc || (rc = check_life(&a->l, a->life)))
 		return rc;
-	/* The sid is the life (pg_row_session). */
-	if (a->life && (uint64_t)a->l.sid != a->life)
-		return histd_error_set(HISTD_ENOTFOUND, "session not found "
-				       "(it was deleted and created again)");
 	pg_p_i64(&p, a->l.sid);
 	return write_commit(d, c, ST_SESSION_DELETE, &p, HISTD_CHANGE_DELETED,
 			    a->l.revision + 1, a->l.sid, NULL, retry, commit_sent);
@@ -1065,6 +1072,7 @@ pg_clear(histd_driver *drv, const char *tenant, const char *id,
 struct truncate_arg {
 	const char *tenant, *id;
 	uint64_t up_to, expected;
+	uint64_t life;          /* 0: any */
 	locked l;
 	uint64_t revision, cleared, current;
 	int changed;
@@ -1108,6 +1116,8 @@ truncate_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	PQclear(res[2]);
 	if (a->expected && a->expected != a->l.revision)
 		return conflict(a->expected, a->l.revision, &a->current);
+	if ((rc = check_life(&a->l, a->life)))
+		return rc;
 	if (!any) {
 		a->revision = a->l.revision;
 		return pg_exec(d, c, ST_COMMIT, NULL, NULL, retry);
@@ -1130,13 +1140,15 @@ truncate_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 }
 
 static int
-pg_truncate(histd_driver *drv, const char *tenant, const char *id,
-	    uint64_t up_to_seq, uint64_t expected_revision, uint64_t *revision,
-	    uint64_t *current_revision)
+pg_truncate_life(histd_driver *drv, const char *tenant, const char *id,
+		 uint64_t up_to_seq, uint64_t expected_revision,
+		 uint64_t incarnation, uint64_t *revision,
+		 uint64_t *current_revision)
 {
 	pg_driver *d = (pg_driver *)drv;
 	struct truncate_arg a = { .tenant = tenant, .id = id, .up_to = up_to_seq,
-				  .expected = expected_revision };
+				  .expected = expected_revision,
+				  .life = incarnation };
 	int unknown = 0;
 	int rc = pg_txn(d, truncate_body, &a, &unknown);
 
@@ -1159,9 +1171,19 @@ pg_truncate(histd_driver *drv, const char *tenant, const char *id,
 	return rc;
 }
 
+static int
+pg_truncate(histd_driver *drv, const char *tenant, const char *id,
+	    uint64_t up_to_seq, uint64_t expected_revision, uint64_t *revision,
+	    uint64_t *current_revision)
+{
+	return pg_truncate_life(drv, tenant, id, up_to_seq, expected_revision, 0,
+				revision, current_revision);
+}
+
 struct summary_arg {
 	const char *tenant, *id;
 	uint64_t expected;
+	uint64_t life;          /* 0: any */
 	const histd_record *summary;
 	locked l;
 	uint64_t current;
@@ -1176,7 +1198,7 @@ summary_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 
 	rc = lock_session(d, c, a->tenant, a->id, a->expected, &a->l, &a->current,
 			  retry);
-	if (rc)
+	if (rc || (rc = check_life(&a->l, a->life)))
 		return rc;
 	pg_p_i64(&p, a->l.sid);
 	pg_p_i64(&p, (int64_t)a->l.revision + 1);
@@ -1189,14 +1211,15 @@ summary_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 }
 
 static int
-pg_summary_put(histd_driver *drv, const char *tenant, const char *id,
-	       uint64_t expected_revision, const histd_record *summary,
-	       uint64_t *revision, uint64_t *current_revision)
+pg_summary_put_life(histd_driver *drv, const char *tenant, const char *id,
+		    uint64_t expected_revision, uint64_t incarnation,
+		    const histd_record *summary, uint64_t *revision,
+		    uint64_t *current_revision)
 {
 	pg_driver *d = (pg_driver *)drv;
 	struct summary_arg a = { .tenant = tenant, .id = id,
 				 .expected = expected_revision,
-				 .summary = summary };
+				 .life = incarnation, .summary = summary };
 	int unknown = 0;
 	int rc = pg_txn(d, summary_body, &a, &unknown);
 
@@ -1216,6 +1239,15 @@ pg_summary_put(histd_driver *drv, const char *tenant, const char *id,
 		pg_watch_unknown(d, a.l.sid, tenant, id);
 	}
 	return rc;
+}
+
+static int
+pg_summary_put(histd_driver *drv, const char *tenant, const char *id,
+	       uint64_t expected_revision, const histd_record *summary,
+	       uint64_t *revision, uint64_t *current_revision)
+{
+	return pg_summary_put_life(drv, tenant, id, expected_revision, 0,
+				   summary, revision, current_revision);
 }
 
 struct summary_get_arg {
@@ -1337,7 +1369,7 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 	if (!d)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	d->base = (histd_driver){
-		.version = 5,
+		.version = 6,
 		.name = "postgres",
 		.session_create = pg_session_create,
 		.session_get = pg_session_get,
@@ -1361,6 +1393,8 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.truncate = pg_truncate,
 		.tenant_list = pg_tenant_list,
 		.session_delete_life = pg_session_delete_life,
+		.truncate_life = pg_truncate_life,
+		.summary_put_life = pg_summary_put_life,
 	};
 	/* Every replica must be given the same limits: each enforces its
 	 * own (README, "PostgreSQL"). */

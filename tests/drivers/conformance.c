@@ -1848,6 +1848,97 @@ static void delete_of_an_earlier_life_leaves_the_new_one(void **state)
 	expect_err(HISTD_ENOTFOUND, histd_driver_session_get(t->d, TA, "s1", &s));
 }
 
+/* s1 deleted and created again, each life holding the n messages m at
+ * revision 2: *first and *second are the two lives. */
+static void two_lives_at_revision_2(ctest *t, tmsg *m, size_t n,
+				    uint64_t *first, uint64_t *second)
+{
+	histd_session *s;
+	uint64_t cur = 0;
+
+	create_ok(t, TA, "s1");
+	append_ok(t, TA, "s1", m, n, 1);
+	s = get_ok(t, TA, "s1");
+	*first = s->incarnation;
+	histd_session_free(s);
+	expect_ok(histd_driver_session_delete(t->d, TA, "s1", 0, &cur));
+	create_ok(t, TA, "s1");
+	append_ok(t, TA, "s1", m, n, 1);
+	s = get_ok(t, TA, "s1");
+	*second = s->incarnation;
+	expect_eq(s->revision, 2, "revision of the session created again");
+	histd_session_free(s);
+}
+
+/* A truncate of one life (what retention does, from what it read of that
+ * life) leaves a session created again under the id alone, even at the
+ * same revision: ENOTFOUND and nothing changed; the life that is there is
+ * truncated. */
+static void truncate_of_an_earlier_life_leaves_the_new_one(void **state)
+{
+	ctest *t = *state;
+	uint64_t first, second, rev = SENTINEL_U64, cur = SENTINEL_U64;
+	tmsg m[3];
+
+	if (t->d->version < 6 || !t->d->truncate_life)
+		skip();
+	tmsg_texts(m, 3, "a life");
+	two_lives_at_revision_2(t, m, 3, &first, &second);
+
+	expect_err(HISTD_ENOTFOUND,
+		   histd_driver_truncate_life(t->d, TA, "s1", 2, 2, first,
+					      &rev, &cur));
+	expect_eq(rev, SENTINEL_U64, "revision out-parameter");
+	expect_eq(cur, SENTINEL_U64, "current_revision out-parameter");
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 2, .last_seq = 3, .message_count = 3,
+		.token_total = tokens_of(m, 3), .bytes_total = bytes_of(m, 3, 1),
+		.first_seq = 1 });
+	expect_messages(t, TA, "s1", 1, m, 3);
+
+	expect_ok(histd_driver_truncate_life(t->d, TA, "s1", 2, 2, second,
+					     &rev, &cur));
+	expect_eq(rev, 3, "revision after truncating the life that is there");
+	expect_messages(t, TA, "s1", 3, &m[2], 1);
+	tmsgs_free(m, 3);
+}
+
+/* A summary put for one life (what compaction does, from what it read of
+ * that life) is not stored in a session created again under the id, even
+ * at the same revision: ENOTFOUND and nothing changed; the life that is
+ * there takes it. */
+static void summary_put_of_an_earlier_life_leaves_the_new_one(void **state)
+{
+	ctest *t = *state;
+	uint64_t first, second, rev = SENTINEL_U64, cur = SENTINEL_U64;
+	histd_record *sum;
+	tmsg m[2];
+
+	if (t->d->version < 6 || !t->d->summary_put_life)
+		skip();
+	tmsg_texts(m, 2, "a life");
+	two_lives_at_revision_2(t, m, 2, &first, &second);
+	sum = summary_new(1, 2, "what the first life said");
+
+	expect_err(HISTD_ENOTFOUND,
+		   histd_driver_summary_put_life(t->d, TA, "s1", 2, first, sum,
+						 &rev, &cur));
+	expect_eq(rev, SENTINEL_U64, "revision out-parameter");
+	expect_eq(cur, SENTINEL_U64, "current_revision out-parameter");
+	expect_summary(t, TA, "s1", NULL);
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 2, .last_seq = 2, .message_count = 2,
+		.token_total = tokens_of(m, 2), .bytes_total = bytes_of(m, 2, 1),
+		.first_seq = 1 });
+
+	expect_ok(histd_driver_summary_put_life(t->d, TA, "s1", 2, second, sum,
+						&rev, &cur));
+	expect_eq(rev, 3, "revision after a put to the life that is there");
+	expect_summary(t, TA, "s1", sum);
+	histd_record_free(sum);
+	tmsgs_free(m, 2);
+}
+
 /* A session deleted and created again under its id is another life: its
  * incarnation is greater, stays the same through every change of one life,
  * and every change notice names the life it was made to (Subscribe drops
@@ -5168,6 +5259,8 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 		T(session_recreated_after_delete_starts_again_at_seq_1),
 		T(session_created_again_is_another_life),
 		T(delete_of_an_earlier_life_leaves_the_new_one),
+		T(truncate_of_an_earlier_life_leaves_the_new_one),
+		T(summary_put_of_an_earlier_life_leaves_the_new_one),
 		T(session_delete_with_stale_expected_revision_is_conflict),
 
 		T(session_fork_copies_messages_up_to_seq_with_their_seqs),
