@@ -1443,7 +1443,9 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 	 * after the covered range: retry. A clear or replace meanwhile
 	 * removed what the summary covers, and so did a delete: a session
 	 * created again under the id (another life) is another
-	 * conversation. Drop it. */
+	 * conversation. Drop it. The put is of the life read first: one
+	 * created again between the check and the put, even at the same
+	 * revision, answers ENOTFOUND, and the check runs again. */
 	for (int attempt = 0;; attempt++) {
 		histd_session_free(now);
 		now = NULL;
@@ -1454,9 +1456,12 @@ compact(histd_context *x, histd_driver *d, const char *tenant,
 			*revision = now->revision;
 			goto out;    /* nothing stored; no summary */
 		}
-		rc = histd_driver_summary_put(d, tenant, id, now->revision, rec,
-					      revision, &cur);
-		if (rc != HISTD_ECONFLICT || attempt + 1 >= PUT_ATTEMPTS)
+		rc = histd_driver_summary_put_life(d, tenant, id,
+						   now->revision,
+						   sr->incarnation, rec,
+						   revision, &cur);
+		if ((rc != HISTD_ECONFLICT && rc != HISTD_ENOTFOUND) ||
+		    attempt + 1 >= PUT_ATTEMPTS)
 			break;
 	}
 	if (rc)
@@ -1999,11 +2004,12 @@ out:
  * Retention after appends (context.h): deletes with truncate the
  * non-system messages older than where the session's retention window
  * starts, never the newest summary's covers_to_seq or above, and only when
- * that deletes something. It truncates at the revision it read, so an
- * append, clear or summary in between makes it read again (up to
- * RETAIN_ATTEMPTS times, then *again = 1: the worker runs it later),
- * never delete what it did not see. *life: the session life it last
- * read (0: none). Worker only, with s busy.
+ * that deletes something. It truncates at the revision and life it read,
+ * so an append, clear or summary in between, or a delete (even if the id
+ * was created again and written up to that revision), makes it read
+ * again (up to RETAIN_ATTEMPTS times, then *again = 1: the worker runs it
+ * later), never delete what it did not see. *life: the session life it
+ * last read (0: none). Worker only, with s busy.
  */
 static int
 retain(histd_context *x, struct sess *s, int *again, uint64_t *life)
@@ -2036,9 +2042,13 @@ retain(histd_context *x, struct sess *s, int *again, uint64_t *life)
 			continue;
 		if (rc || !up_to)
 			goto out;
-		rc = histd_driver_truncate(s->d, s->tenant, s->id, up_to,
-					   sr->revision, &rev, &cur);
-		if (rc != HISTD_ECONFLICT)
+		/* At the revision and life read: ENOTFOUND when the session
+		 * was deleted and maybe created again since (another life
+		 * starts again at revision 1): read again. */
+		rc = histd_driver_truncate_life(s->d, s->tenant, s->id, up_to,
+						sr->revision, sr->incarnation,
+						&rev, &cur);
+		if (rc != HISTD_ECONFLICT && rc != HISTD_ENOTFOUND)
 			goto out;
 	}
 	/* Still racing writes: later, rather than now. */

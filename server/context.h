@@ -33,9 +33,11 @@
  * is not safe, plugin.h histd_reduce, is EINTERNAL; an empty text
  * EUNAVAILABLE; nothing stored either way; a text above the reducer's
  * max_summary_tokens is cut to fit, with one log line), and stores the
- * Summary with summary_put at the session's current revision, re-checked
- * so that a concurrent append (seqs after the covered range) only retries
- * the put and a concurrent clear or replace drops the summary. Storage of
+ * Summary with summary_put_life at the session's current revision and the
+ * life it read, re-checked so that a concurrent append (seqs after the
+ * covered range) only retries the put and a concurrent clear or replace,
+ * or a delete (even one created again under the id since, at the same
+ * revision), drops the summary. Storage of
  * messages never changes; the driver's SUMMARY change becomes a `reduced`
  * event.
  *
@@ -58,8 +60,10 @@
  * result is not stored yet or anything after it (the driver would forget
  * the call and refuse the result), nothing when the window keeps no
  * message, no truncate when only system messages would go. It
- * truncates at the revision it read: a write in between makes it read
- * again, then retry shortly after. A failure is reported and retried like
+ * truncates at the revision and life it read (truncate_life): a write in
+ * between, or a delete even if the id was created again since and
+ * written up to that revision, makes it read again, then retry shortly
+ * after. A failure is reported and retried like
  * a compaction's, with plugin "window". The CONTEXT view and the system
  * index find the system messages a truncate kept at or below
  * cleared_to_seq.
