@@ -463,6 +463,17 @@ histd_driver_session_fork(histd_driver *d, const char *tenant,
 			  const char *source_id, uint64_t up_to_seq,
 			  const histd_session *in, histd_session **out)
 {
+	return histd_driver_session_fork_life(d, tenant, source_id, 0,
+					      up_to_seq, in, out);
+}
+
+int
+histd_driver_session_fork_life(histd_driver *d, const char *tenant,
+			       const char *source_id,
+			       uint64_t source_incarnation,
+			       uint64_t up_to_seq, const histd_session *in,
+			       histd_session **out)
+{
 	histd_session *s = NULL;
 	int rc;
 
@@ -474,8 +485,16 @@ histd_driver_session_fork(histd_driver *d, const char *tenant,
 				       "a session cannot be forked into another tenant");
 	if (!out)
 		return histd_error_set(HISTD_EINVALID, "session out-parameter is NULL");
-	rc = OBSERVED("session_fork",
-		      d->session_fork(d, tenant, source_id, up_to_seq, in, &s));
+	/* Without session_fork_life, whatever life is there. */
+	if (source_incarnation && d->version >= 6 && d->session_fork_life)
+		rc = OBSERVED("session_fork",
+			      d->session_fork_life(d, tenant, source_id,
+						   source_incarnation,
+						   up_to_seq, in, &s));
+	else
+		rc = OBSERVED("session_fork",
+			      d->session_fork(d, tenant, source_id, up_to_seq,
+					      in, &s));
 	if (rc == 0)
 		*out = s;
 	return rc;

@@ -58,9 +58,9 @@
  * valid: its search wrappers answer EUNIMPL. 3 added truncate (optional),
  * 4 tenant_list (required from 4; an older driver's wrapper answers
  * EUNIMPL, and session TTL refuses it), 5 session_delete_life
- * (optional; its wrapper falls back to session_delete), 6 truncate_life
- * and summary_put_life (optional; their wrappers fall back to truncate
- * and summary_put). */
+ * (optional; its wrapper falls back to session_delete), 6 truncate_life,
+ * summary_put_life and session_fork_life (optional; their wrappers fall
+ * back to truncate, summary_put and session_fork). */
 #define HISTD_DRIVER_VERSION 6
 
 /* ---------------------------------------------------------------------- */
@@ -669,6 +669,18 @@ struct histd_driver {
 				uint64_t incarnation,
 				const histd_record *summary, uint64_t *revision,
 				uint64_t *current_revision);
+
+	/* Optional. session_fork from one life of the source: when the
+	 * session under source_id is not the life `source_incarnation` (0:
+	 * any life), ENOTFOUND and nothing is created. ForkSession gives
+	 * the fork the source's labels, read before the fork: with this, a
+	 * fork never holds one life's messages under another life's
+	 * labels. */
+	int (*session_fork_life)(histd_driver *d, const char *tenant,
+				 const char *source_id,
+				 uint64_t source_incarnation,
+				 uint64_t up_to_seq, const histd_session *in,
+				 histd_session **out);
 };
 
 /* Driver options from the configuration. Each driver reads its own. */
@@ -749,6 +761,12 @@ int histd_driver_session_delete_life(histd_driver *d, const char *tenant,
 int histd_driver_session_fork(histd_driver *d, const char *tenant,
 			      const char *source_id, uint64_t up_to_seq,
 			      const histd_session *in, histd_session **out);
+/* session_fork_life; a driver without it forks whatever life is there. */
+int histd_driver_session_fork_life(histd_driver *d, const char *tenant,
+				   const char *source_id,
+				   uint64_t source_incarnation,
+				   uint64_t up_to_seq, const histd_session *in,
+				   histd_session **out);
 int histd_driver_append(histd_driver *d, const histd_append *a,
 			histd_append_result *res);
 int histd_driver_read(histd_driver *d, const histd_read *q,

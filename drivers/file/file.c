@@ -673,9 +673,10 @@ fd_session_delete(histd_driver *dd, const char *tenant, const char *id,
 }
 
 static int
-fd_session_fork(histd_driver *dd, const char *tenant, const char *source_id,
-		uint64_t up_to_seq, const histd_session *in,
-		histd_session **out)
+fd_session_fork_life(histd_driver *dd, const char *tenant,
+		     const char *source_id, uint64_t source_incarnation,
+		     uint64_t up_to_seq, const histd_session *in,
+		     histd_session **out)
 {
 	hf_driver *d = (hf_driver *)dd;
 	histd_session *rec = NULL;
@@ -688,6 +689,8 @@ fd_session_fork(histd_driver *dd, const char *tenant, const char *source_id,
 		return rc;
 	if (!(src = find(d, tenant, source_id)))
 		return settle_missing(d, not_found());
+	if ((rc = check_life(d, src, source_incarnation)))
+		return rc;
 	if (find(d, tenant, in->id))
 		return settle_missing(d, histd_error_set(HISTD_EEXISTS,
 							 "session id already exists"));
@@ -731,6 +734,15 @@ undo:
 	/* A limit may count creates, or appends to the source, not yet
 	 * durable. */
 	return settle_missing(d, rc);
+}
+
+static int
+fd_session_fork(histd_driver *dd, const char *tenant, const char *source_id,
+		uint64_t up_to_seq, const histd_session *in,
+		histd_session **out)
+{
+	return fd_session_fork_life(dd, tenant, source_id, 0, up_to_seq, in,
+				    out);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1515,6 +1527,7 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 		.session_delete_life = fd_session_delete_life,
 		.truncate_life = fd_truncate_life,
 		.summary_put_life = fd_summary_put_life,
+		.session_fork_life = fd_session_fork_life,
 	};
 	d->max_sessions = cfg->max_sessions_per_tenant;
 	d->max_msgs = cfg->max_session_messages;

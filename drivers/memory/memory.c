@@ -1515,9 +1515,10 @@ mem_session_delete(histd_driver *d, const char *tenant, const char *id,
 }
 
 static int
-mem_session_fork(histd_driver *d, const char *tenant, const char *source_id,
-		 uint64_t up_to_seq, const histd_session *in,
-		 histd_session **out)
+mem_session_fork_life(histd_driver *d, const char *tenant,
+		      const char *source_id, uint64_t source_incarnation,
+		      uint64_t up_to_seq, const histd_session *in,
+		      histd_session **out)
 {
 	mem_driver *m = (mem_driver *)d;
 	mem_session *src, *f;
@@ -1532,6 +1533,8 @@ mem_session_fork(histd_driver *d, const char *tenant, const char *source_id,
 		session_destroy(f);
 		return rc;
 	}
+	if ((rc = check_life(src, source_incarnation)))
+		goto out;
 	/* Fail early, before copying, if the id is taken; checked again
 	 * when inserting. */
 	pthread_rwlock_rdlock(&m->lock);
@@ -1632,6 +1635,15 @@ out:
 		session_destroy(f);
 	histd_session_free(rec);
 	return rc;
+}
+
+static int
+mem_session_fork(histd_driver *d, const char *tenant, const char *source_id,
+		 uint64_t up_to_seq, const histd_session *in,
+		 histd_session **out)
+{
+	return mem_session_fork_life(d, tenant, source_id, 0, up_to_seq, in,
+				     out);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -2536,6 +2548,7 @@ histd_memory_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.session_delete_life = mem_session_delete_life,
 		.truncate_life = mem_truncate_life,
 		.summary_put_life = mem_summary_put_life,
+		.session_fork_life = mem_session_fork_life,
 	};
 	m->seed = random_seed();
 	htab_init(&m->tenants, tenant_key, m->seed);

@@ -727,6 +727,7 @@ pg_session_delete(histd_driver *drv, const char *tenant, const char *id,
 
 struct fork_arg {
 	const char *tenant, *source;
+	uint64_t source_life;   /* 0: any */
 	uint64_t up_to;
 	const histd_session *in;
 	histd_session *out;
@@ -778,6 +779,12 @@ fork_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 		return not_found();
 	}
 	src_sid = pg_r_i64(r, 0, 0);
+	/* The sid is the life (pg_row_session). */
+	if (a->source_life && (uint64_t)src_sid != a->source_life) {
+		PQclear(r);
+		return histd_error_set(HISTD_ENOTFOUND, "session not found "
+				       "(it was deleted and created again)");
+	}
 	last = (uint64_t)pg_r_i64(r, 0, 1);
 	cleared = (uint64_t)pg_r_i64(r, 0, 2);
 	if (a->up_to && a->up_to < last)
@@ -842,16 +849,27 @@ out:
 }
 
 static int
-pg_session_fork(histd_driver *drv, const char *tenant, const char *source_id,
-		uint64_t up_to_seq, const histd_session *in, histd_session **out)
+pg_session_fork_life(histd_driver *drv, const char *tenant,
+		     const char *source_id, uint64_t source_incarnation,
+		     uint64_t up_to_seq, const histd_session *in,
+		     histd_session **out)
 {
 	struct fork_arg a = { .tenant = tenant, .source = source_id,
+			      .source_life = source_incarnation,
 			      .up_to = up_to_seq, .in = in };
 	int rc = pg_txn((pg_driver *)drv, fork_body, &a, NULL);
 
 	if (rc == 0)
 		*out = a.out;
 	return rc;
+}
+
+static int
+pg_session_fork(histd_driver *drv, const char *tenant, const char *source_id,
+		uint64_t up_to_seq, const histd_session *in, histd_session **out)
+{
+	return pg_session_fork_life(drv, tenant, source_id, 0, up_to_seq, in,
+				    out);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1395,6 +1413,7 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.session_delete_life = pg_session_delete_life,
 		.truncate_life = pg_truncate_life,
 		.summary_put_life = pg_summary_put_life,
+		.session_fork_life = pg_session_fork_life,
 	};
 	/* Every replica must be given the same limits: each enforces its
 	 * own (README, "PostgreSQL"). */

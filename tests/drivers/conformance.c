@@ -1939,6 +1939,40 @@ static void summary_put_of_an_earlier_life_leaves_the_new_one(void **state)
 	tmsgs_free(m, 2);
 }
 
+/* A fork from one life of its source (what ForkSession does, with the
+ * labels it read of that life) is refused once the source was created
+ * again under its id, even at the same revision: ENOTFOUND and no fork;
+ * a fork from the life that is there is made. */
+static void fork_of_an_earlier_life_creates_nothing(void **state)
+{
+	ctest *t = *state;
+	histd_session in = sess_in(TA, "f1"), *out = SENTINEL_SESSION, *s;
+	uint64_t first, second;
+	tmsg m[2];
+
+	if (t->d->version < 6 || !t->d->session_fork_life)
+		skip();
+	tmsg_texts(m, 2, "a life");
+	two_lives_at_revision_2(t, m, 2, &first, &second);
+
+	expect_err(HISTD_ENOTFOUND,
+		   histd_driver_session_fork_life(t->d, TA, "s1", first, 0, &in,
+						  &out));
+	assert_ptr_equal(out, SENTINEL_SESSION);
+	expect_err(HISTD_ENOTFOUND, histd_driver_session_get(t->d, TA, "f1", &s));
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 2, .last_seq = 2, .message_count = 2,
+		.token_total = tokens_of(m, 2), .bytes_total = bytes_of(m, 2, 1),
+		.first_seq = 1 });
+
+	expect_ok(histd_driver_session_fork_life(t->d, TA, "s1", second, 0, &in,
+						 &out));
+	expect_eq(out->last_seq, 2, "last_seq of the fork of the life there");
+	histd_session_free(out);
+	expect_messages(t, TA, "f1", 1, m, 2);
+	tmsgs_free(m, 2);
+}
+
 /* A session deleted and created again under its id is another life: its
  * incarnation is greater, stays the same through every change of one life,
  * and every change notice names the life it was made to (Subscribe drops
@@ -5261,6 +5295,7 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 		T(delete_of_an_earlier_life_leaves_the_new_one),
 		T(truncate_of_an_earlier_life_leaves_the_new_one),
 		T(summary_put_of_an_earlier_life_leaves_the_new_one),
+		T(fork_of_an_earlier_life_creates_nothing),
 		T(session_delete_with_stale_expected_revision_is_conflict),
 
 		T(session_fork_copies_messages_up_to_seq_with_their_seqs),
