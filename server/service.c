@@ -1804,11 +1804,49 @@ h_delete_session(call *c, void *msg)
 	return reply_pack(&resp.base, c->reply);
 }
 
+/* ForkSession's reads of the source's labels, when its life keeps
+ * changing under them. */
+#define FORK_ATTEMPTS 4
+
+/*
+ * ForkSession without labels: the fork keeps the source's. They are read
+ * first and the fork is made from the life they were read from, so that
+ * it never holds one life's messages under another's labels; when that
+ * life is gone (ENOTFOUND: deleted, and maybe created again since), they
+ * are read again, at most FORK_ATTEMPTS times.
+ */
+static int
+fork_keeping_labels(call *c, const Histd__V1__ForkSessionRequest *r,
+		    histd_session *in, histd_session **out)
+{
+	histd_session *src = NULL;
+	int rc = 0;
+
+	for (int attempt = 0; attempt < FORK_ATTEMPTS; attempt++) {
+		if ((rc = histd_driver_session_get(c->s->d, c->tenant,
+						   r->session_id, &src)))
+			break;
+		in->labels = src->labels;
+		in->n_labels = src->n_labels;
+		rc = histd_driver_session_fork_life(c->s->d, c->tenant,
+						    r->session_id,
+						    src->incarnation,
+						    r->up_to_seq, in, out);
+		in->labels = NULL;
+		in->n_labels = 0;
+		histd_session_free(src);
+		src = NULL;
+		if (rc != HISTD_ENOTFOUND)
+			break;
+	}
+	return rc;
+}
+
 static int
 h_fork_session(call *c, void *msg)
 {
 	Histd__V1__ForkSessionRequest *r = msg;
-	histd_session in = { 0 }, *src = NULL, *out = NULL;
+	histd_session in = { 0 }, *out = NULL;
 	histd_kv *labels = NULL;
 	char uuid[37];
 	int rc;
@@ -1825,26 +1863,21 @@ h_fork_session(call *c, void *msg)
 		in.id = uuid;
 	}
 	in.tenant = (char *)c->tenant;
+	in.created_at_us = in.updated_at_us = histd_now_us();
 	if (r->n_labels) {
 		if ((rc = KV_COLLECT(r, labels, "labels", &labels,
 				     &in.n_labels)))
 			return rc;
 		in.labels = labels;
+		rc = histd_driver_session_fork(c->s->d, c->tenant,
+					       r->session_id, r->up_to_seq,
+					       &in, &out);
 	} else {
-		/* The fork keeps the source's labels unless given others. */
-		if ((rc = histd_driver_session_get(c->s->d, c->tenant,
-						   r->session_id, &src)))
-			return rc;
-		in.labels = src->labels;
-		in.n_labels = src->n_labels;
+		rc = fork_keeping_labels(c, r, &in, &out);
 	}
-	in.created_at_us = in.updated_at_us = histd_now_us();
-	rc = histd_driver_session_fork(c->s->d, c->tenant, r->session_id,
-				       r->up_to_seq, &in, &out);
 	if (!rc)
 		rc = reply_session(out, c->reply);
 	histd_session_free(out);
-	histd_session_free(src);
 	free(labels);
 	return rc;
 }
