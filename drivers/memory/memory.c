@@ -1739,17 +1739,18 @@ out:
 	return rc;
 }
 
-void (*histd_memory_read_test_hook)(const histd_read *q);
+void (*_Atomic histd_memory_read_test_hook)(const histd_read *q);
 
 static int
 mem_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 {
+	void (*hook)(const histd_read *) = histd_memory_read_test_hook;
 	mem_session *s;
 	size_t from, to;
 	int rc;
 
-	if (histd_memory_read_test_hook)
-		histd_memory_read_test_hook(q);
+	if (hook)
+		hook(q);
 	if ((rc = session_open((mem_driver *)d, q->tenant, q->session_id, &s)))
 		return rc;
 	if (q->last_n) {

@@ -19,6 +19,6 @@ int histd_memory_driver_open(const histd_driver_config *cfg,
 
 /* Tests only (NULL in histd): called at the start of every read, before
  * the session is looked up; what it does races the read's caller. */
-extern void (*histd_memory_read_test_hook)(const histd_read *q);
+extern void (*_Atomic histd_memory_read_test_hook)(const histd_read *q);
 
 #endif

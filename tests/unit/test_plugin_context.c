@@ -798,9 +798,11 @@ remake(void)
 }
 
 /* The read hook's work: once, at the system index's scan of "mix" (a
- * read from seq 0, not of the newest), the session is made again with a
- * system message of its own. */
+ * read from seq 0, not of the newest) on the test's own thread (not the
+ * context's worker), the session is made again with a system message of
+ * its own. */
 static int mix_fired;
+static pthread_t mix_thread;
 static const char *const mix_pl[] = { "window", "max_messages", "5", NULL };
 
 static void
@@ -809,8 +811,8 @@ remake_mix_at_the_scan(const histd_read *q)
 	Histd__V1__DeleteSessionRequest del =
 		HISTD__V1__DELETE_SESSION_REQUEST__INIT;
 
-	if (mix_fired || strcmp(q->session_id, "mix") || q->last_n ||
-	    q->after_seq)
+	if (!pthread_equal(pthread_self(), mix_thread) || mix_fired ||
+	    strcmp(q->session_id, "mix") || q->last_n || q->after_seq)
 		return;
 	mix_fired = 1;
 	del.session_id = "mix";
@@ -850,6 +852,7 @@ a_view_never_mixes_two_lives_of_a_session(void **state)
 	assert_int_equal(ut_create("other", NULL), 0);
 	append_msg("other", HISTD__V1__ROLE__ROLE_USER, "x", NULL, NULL);
 	mix_fired = 0;
+	mix_thread = pthread_self();
 	histd_memory_read_test_hook = remake_mix_at_the_scan;
 	g = get_last("mix", 5);
 	histd_memory_read_test_hook = NULL;
@@ -1188,11 +1191,14 @@ context_of_a_long_session_reads_only_its_tail(void **state)
 /* Records the CONTEXT reads of "tail" asked the driver for: the newest
  * (last_n) and pages from a seq (limit, the system index's scan). */
 static uint64_t tail_asked, scan_asked;
+static pthread_t tail_thread;
 
+/* Counts the test thread's reads (not the context worker's). */
 static void
 count_tail_reads(const histd_read *q)
 {
-	if (strcmp(q->session_id, "tail"))
+	if (!pthread_equal(pthread_self(), tail_thread) ||
+	    strcmp(q->session_id, "tail"))
 		return;
 	if (q->last_n)
 		tail_asked += q->last_n;
@@ -1251,6 +1257,7 @@ context_last_n_without_transforms_loads_only_the_tail(void **state)
 	assert_int_equal(ut_create("tail", empty), 0);
 	append_msg("tail", HISTD__V1__ROLE__ROLE_SYSTEM, "sys", NULL, NULL);
 	append_many("tail", 20000);
+	tail_thread = pthread_self();
 	histd_memory_read_test_hook = count_tail_reads;
 	for (int k = 0; k < 2; k++) {
 		tail_asked = scan_asked = 0;

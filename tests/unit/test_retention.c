@@ -106,9 +106,10 @@ sh_append(histd_driver *d, const histd_append *a, histd_append_result *r)
 
 /* A driver that reads the summary apart from the messages (as postgres
  * does): the read leaves it to summary_get, before which `before_summary`
- * runs once. */
-static int summary_apart;
+ * runs once, on the test's own thread (the context's worker reads too). */
+static _Atomic int summary_apart;
 static void (*before_summary)(void);
+static pthread_t before_summary_thread;
 
 static int
 sh_read(histd_driver *d, const histd_read *q, histd_read_result *r)
@@ -155,9 +156,15 @@ static int
 sh_summary_get(histd_driver *d, const char *t, const char *id,
 	       histd_record **out)
 {
-	void (*f)(void) = before_summary;
+	void (*f)(void) = NULL;
 
-	before_summary = NULL;
+	pthread_mutex_lock(&shim_lock);
+	if (before_summary &&
+	    pthread_equal(pthread_self(), before_summary_thread)) {
+		f = before_summary;
+		before_summary = NULL;
+	}
+	pthread_mutex_unlock(&shim_lock);
 	if (f)
 		f();
 	return histd_driver_summary_get(real(d), t, id, out);
@@ -1014,7 +1021,10 @@ a_summary_read_apart_is_of_the_messages_life(void **state)
 	for (int i = 0; i < 6; i++)
 		append_text("two", HISTD__V1__ROLE__ROLE_USER, "alpha said this.");
 	summary_apart = 1;
+	pthread_mutex_lock(&shim_lock);
 	before_summary = make_two_again;
+	before_summary_thread = pthread_self();
+	pthread_mutex_unlock(&shim_lock);
 	g = get("two", HISTD__V1__VIEW__VIEW_CONTEXT);
 	summary_apart = 0;
 	assert_null(before_summary);
