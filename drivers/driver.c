@@ -602,6 +602,22 @@ histd_driver_append(histd_driver *d, const histd_append *a,
 	return rc;
 }
 
+/* 0 if the session under q's id is still the life `incarnation`;
+ * ECONFLICT if it was made again since; its session_get's error. */
+static int
+same_life(histd_driver *d, const histd_read *q, uint64_t incarnation)
+{
+	histd_session *now = NULL;
+	int rc = OBSERVED("session_get", d->session_get(d, q->tenant,
+			  q->session_id, &now));
+
+	if (rc == 0 && now->incarnation != incarnation)
+		rc = histd_error_set(HISTD_ECONFLICT, "session %s changed while "
+				     "it was read; read again", q->session_id);
+	histd_session_free(now);
+	return rc;
+}
+
 int
 histd_driver_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 {
@@ -620,41 +636,19 @@ histd_driver_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 		capped.after_seq = INT64_MAX;
 		q = &capped;
 	}
-	for (int tries = 0;; tries++) {
-		histd_session *now = NULL;
-		int same;
-
-		rc = OBSERVED("read", d->read(d, q, &r));
-		if (rc || !q->want_summary || r.summary_read || r.known)
-			break;
+	rc = OBSERVED("read", d->read(d, q, &r));
+	if (rc == 0 && q->want_summary && !r.summary_read && !r.known) {
 		histd_record_free(r.summary);
 		r.summary = NULL;
 		rc = OBSERVED("summary_get", d->summary_get(d, q->tenant,
 				q->session_id, &r.summary));
-		if (rc)
-			break;
-		r.summary_read = 1;
+		r.summary_read = rc == 0;
 		/* Read apart from the messages: of their session only if it
 		 * was not deleted and made again under the id in between (a
-		 * newer summary of the same life is a state it had). */
-		if (!r.session)
-			break;
-		rc = OBSERVED("session_get", d->session_get(d, q->tenant,
-				q->session_id, &now));
-		if (rc)
-			break;
-		same = now->incarnation == r.session->incarnation;
-		histd_session_free(now);
-		if (same)
-			break;
-		histd_read_result_clear(&r);
-		r = (histd_read_result){ 0 };
-		if (tries == 3) {
-			rc = histd_error_set(HISTD_ECONFLICT, "session %s changed "
-					     "while it was read; read again",
-					     q->session_id);
-			break;
-		}
+		 * newer summary of the same life is a state it had). Else
+		 * ECONFLICT: the caller reads again. */
+		if (rc == 0 && r.session)
+			rc = same_life(d, q, r.session->incarnation);
 	}
 	if (rc == 0)
 		*res = r;
