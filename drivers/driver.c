@@ -151,6 +151,12 @@ histd_driver_validate(const histd_driver *d)
 		return histd_error_set(HISTD_EINVALID,
 				       "driver '%s': truncate_life is set without truncate",
 				       name);
+	/* Likewise a vector store for one life without the plain one:
+	 * semantic search asks for embedding_put. */
+	if (d->version >= 7 && d->embedding_put_life && !d->embedding_put)
+		return histd_error_set(HISTD_EINVALID,
+				       "driver '%s': embedding_put_life is set without embedding_put",
+				       name);
 	return 0;
 }
 
@@ -602,19 +608,31 @@ histd_driver_append(histd_driver *d, const histd_append *a,
 	return rc;
 }
 
+/* *out: the life of the session under the id now; else session_get's
+ * error. */
+static int
+life_now(histd_driver *d, const char *tenant, const char *id, uint64_t *out)
+{
+	histd_session *now = NULL;
+	int rc = OBSERVED("session_get", d->session_get(d, tenant, id, &now));
+
+	if (rc == 0)
+		*out = now->incarnation;
+	histd_session_free(now);
+	return rc;
+}
+
 /* 0 if the session under q's id is still the life `incarnation`;
  * ECONFLICT if it was made again since; its session_get's error. */
 static int
 same_life(histd_driver *d, const histd_read *q, uint64_t incarnation)
 {
-	histd_session *now = NULL;
-	int rc = OBSERVED("session_get", d->session_get(d, q->tenant,
-			  q->session_id, &now));
+	uint64_t now = 0;
+	int rc = life_now(d, q->tenant, q->session_id, &now);
 
-	if (rc == 0 && now->incarnation != incarnation)
+	if (rc == 0 && now != incarnation)
 		rc = histd_error_set(HISTD_ECONFLICT, "session %s changed while "
 				     "it was read; read again", q->session_id);
-	histd_session_free(now);
 	return rc;
 }
 
@@ -877,6 +895,32 @@ histd_driver_embedding_put(histd_driver *d, const char *tenant,
 			   const char *id, uint64_t seq, const char *model,
 			   const float *v, uint32_t dim)
 {
+	return histd_driver_embedding_put_life(d, tenant, id, 0, seq, model, v,
+					       dim);
+}
+
+/* 0 if the session under the id is the life `incarnation`; ENOTFOUND if
+ * it is another one or gone, as the *_life callbacks answer;
+ * session_get's other errors. */
+static int
+is_life(histd_driver *d, const char *tenant, const char *id,
+	uint64_t incarnation)
+{
+	uint64_t now = 0;
+	int rc = life_now(d, tenant, id, &now);
+
+	if (rc == 0 && now != incarnation)
+		rc = histd_error_set(HISTD_ENOTFOUND, "session not found "
+				     "(it was deleted and created again)");
+	return rc;
+}
+
+int
+histd_driver_embedding_put_life(histd_driver *d, const char *tenant,
+				const char *id, uint64_t incarnation,
+				uint64_t seq, const char *model,
+				const float *v, uint32_t dim)
+{
 	int rc;
 
 	if ((rc = check_names(d, tenant, id)) ||
@@ -900,6 +944,15 @@ histd_driver_embedding_put(histd_driver *d, const char *tenant,
 	if (d->version < 2 || !d->embedding_put)
 		return histd_error_set(HISTD_EUNIMPL,
 				       "the driver cannot store embeddings");
+	if (incarnation && d->version >= 7 && d->embedding_put_life)
+		return OBSERVED("embedding_put",
+				d->embedding_put_life(d, tenant, id,
+						      incarnation, seq, model,
+						      v, dim));
+	/* Without embedding_put_life, the life is checked first: a delete
+	 * and create of the id between the two calls goes unseen. */
+	if (incarnation && (rc = is_life(d, tenant, id, incarnation)))
+		return rc;
 	return OBSERVED("embedding_put",
 			d->embedding_put(d, tenant, id, seq, model, v, dim));
 }

@@ -60,8 +60,9 @@
  * EUNIMPL, and session TTL refuses it), 5 session_delete_life
  * (optional; its wrapper falls back to session_delete), 6 truncate_life,
  * summary_put_life and session_fork_life (optional; their wrappers fall
- * back to truncate, summary_put and session_fork). */
-#define HISTD_DRIVER_VERSION 6
+ * back to truncate, summary_put and session_fork), 7 embedding_put_life
+ * (optional; its wrapper falls back to session_get, then embedding_put). */
+#define HISTD_DRIVER_VERSION 7
 
 /* ---------------------------------------------------------------------- */
 /* Values passed to and from drivers                                       */
@@ -681,6 +682,23 @@ struct histd_driver {
 				 uint64_t source_incarnation,
 				 uint64_t up_to_seq, const histd_session *in,
 				 histd_session **out);
+
+	/* --- version 7 --- */
+
+	/* Optional; half a pair without embedding_put. embedding_put into
+	 * one life of the session: when the session under the id is not the
+	 * life `incarnation` (0: any life), ENOTFOUND and nothing is stored,
+	 * as in session_delete_life; the check and the store are one step,
+	 * with no delete or create of the id between them. A session deleted
+	 * and created again starts again at seq 1, so a seq alone does not
+	 * tell the lives apart: the embedder stores with this the vectors it
+	 * computed from one life's messages, so that they never land on the
+	 * messages of a later life under the same seqs (a search would match
+	 * them for text they do not hold). */
+	int (*embedding_put_life)(histd_driver *d, const char *tenant,
+				  const char *id, uint64_t incarnation,
+				  uint64_t seq, const char *model,
+				  const float *v, uint32_t dim);
 };
 
 /* Driver options from the configuration. Each driver reads its own. */
@@ -801,6 +819,14 @@ int histd_driver_search(histd_driver *d, const histd_search_query *q,
 int histd_driver_embedding_put(histd_driver *d, const char *tenant,
 			       const char *id, uint64_t seq, const char *model,
 			       const float *v, uint32_t dim);
+/* embedding_put_life. A driver without it is asked for the session
+ * (session_get) and stores with embedding_put if that is the life
+ * `incarnation`, else ENOTFOUND: a session made again between the two
+ * calls can still take the vector. */
+int histd_driver_embedding_put_life(histd_driver *d, const char *tenant,
+				    const char *id, uint64_t incarnation,
+				    uint64_t seq, const char *model,
+				    const float *v, uint32_t dim);
 /* Whether the driver can search (version 2 with search set). */
 int histd_driver_can_search(const histd_driver *d);
 /* Whether the driver can delete old messages (version 3 with truncate). */

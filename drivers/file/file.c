@@ -1243,9 +1243,13 @@ fd_summary_put(histd_driver *dd, const char *tenant, const char *id,
 /* ---------------------------------------------------------------------- */
 /* Embeddings                                                              */
 
+/* The life is checked under the write lock that logs and applies the
+ * vector, so the log holds it after the records of the life it went to:
+ * replay stores it there by tenant and id alone. */
 static int
-fd_embedding_put(histd_driver *dd, const char *tenant, const char *id,
-		 uint64_t seq, const char *model, const float *v, uint32_t dim)
+fd_embedding_put_life(histd_driver *dd, const char *tenant, const char *id,
+		      uint64_t incarnation, uint64_t seq, const char *model,
+		      const float *v, uint32_t dim)
 {
 	hf_driver *d = (hf_driver *)dd;
 	histd_vec *x;
@@ -1258,6 +1262,8 @@ fd_embedding_put(histd_driver *dd, const char *tenant, const char *id,
 		return rc;
 	if (!(s = find(d, tenant, id)))
 		return settle_missing(d, not_found());
+	if ((rc = check_life(d, s, incarnation)))
+		return rc;
 	i = hf_first_after(s->msgs, s->n_msgs, seq - 1);
 	if (i == s->n_msgs || s->msgs[i].seq != seq)
 		return settle(d, s->lsn, histd_error_set(HISTD_ENOTFOUND,
@@ -1294,6 +1300,13 @@ fd_embedding_put(histd_driver *dd, const char *tenant, const char *id,
 	hf_vec_put(s, x);
 	hf_session_account(d, s);
 	return commit(d, s, NULL, 0, NULL);
+}
+
+static int
+fd_embedding_put(histd_driver *dd, const char *tenant, const char *id,
+		 uint64_t seq, const char *model, const float *v, uint32_t dim)
+{
+	return fd_embedding_put_life(dd, tenant, id, 0, seq, model, v, dim);
 }
 
 static int
@@ -1528,6 +1541,7 @@ histd_file_driver_open_ex(const histd_driver_config *cfg,
 		.truncate_life = fd_truncate_life,
 		.summary_put_life = fd_summary_put_life,
 		.session_fork_life = fd_session_fork_life,
+		.embedding_put_life = fd_embedding_put_life,
 	};
 	d->max_sessions = cfg->max_sessions_per_tenant;
 	d->max_msgs = cfg->max_session_messages;

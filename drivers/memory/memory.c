@@ -2424,8 +2424,9 @@ mem_search(histd_driver *d, const histd_search_query *q,
 }
 
 static int
-mem_embedding_put(histd_driver *d, const char *tenant, const char *id,
-		  uint64_t seq, const char *model, const float *v, uint32_t dim)
+mem_embedding_put_life(histd_driver *d, const char *tenant, const char *id,
+		       uint64_t incarnation, uint64_t seq, const char *model,
+		       const float *v, uint32_t dim)
 {
 	mem_session *s;
 	histd_vec *x;
@@ -2434,6 +2435,8 @@ mem_embedding_put(histd_driver *d, const char *tenant, const char *id,
 
 	if ((rc = session_open((mem_driver *)d, tenant, id, &s)))
 		return rc;
+	if ((rc = check_life(s, incarnation)))
+		goto out;
 	i = first_after(s->msgs, s->n_msgs, seq - 1);
 	if (i == s->n_msgs || s->msgs[i].seq != seq) {
 		rc = histd_error_set(HISTD_ENOTFOUND, "no stored message has seq %llu",
@@ -2453,6 +2456,13 @@ mem_embedding_put(histd_driver *d, const char *tenant, const char *id,
 out:
 	session_close(s);
 	return rc;
+}
+
+static int
+mem_embedding_put(histd_driver *d, const char *tenant, const char *id,
+		  uint64_t seq, const char *model, const float *v, uint32_t dim)
+{
+	return mem_embedding_put_life(d, tenant, id, 0, seq, model, v, dim);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -2550,6 +2560,7 @@ histd_memory_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.truncate_life = mem_truncate_life,
 		.summary_put_life = mem_summary_put_life,
 		.session_fork_life = mem_session_fork_life,
+		.embedding_put_life = mem_embedding_put_life,
 	};
 	m->seed = random_seed();
 	htab_init(&m->tenants, tenant_key, m->seed);

@@ -383,6 +383,9 @@ int pg_search(histd_driver *drv, const histd_search_query *q,
 int pg_embedding_put(histd_driver *drv, const char *tenant, const char *id,
 		     uint64_t seq, const char *model, const float *v,
 		     uint32_t dim);
+int pg_embedding_put_life(histd_driver *drv, const char *tenant,
+			  const char *id, uint64_t incarnation, uint64_t seq,
+			  const char *model, const float *v, uint32_t dim);
 
 /* Fills the search columns of messages stored before schema version 2 (or
  * by an older histd since), one session per transaction, on connection pg

@@ -1387,7 +1387,7 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 	if (!d)
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	d->base = (histd_driver){
-		.version = 6,
+		.version = 7,
 		.name = "postgres",
 		.session_create = pg_session_create,
 		.session_get = pg_session_get,
@@ -1414,6 +1414,7 @@ histd_postgres_driver_open(const histd_driver_config *cfg, histd_driver **out)
 		.truncate_life = pg_truncate_life,
 		.summary_put_life = pg_summary_put_life,
 		.session_fork_life = pg_session_fork_life,
+		.embedding_put_life = pg_embedding_put_life,
 	};
 	/* Every replica must be given the same limits: each enforces its
 	 * own (README, "PostgreSQL"). */

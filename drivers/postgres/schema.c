@@ -961,15 +961,20 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 	" FROM hit h JOIN messages m ON m.sid = h.sid AND m.seq = h.seq"
 	" ORDER BY h.score DESC, h.id, h.seq",
 
-	/* $1 tenant, $2 id, $3 seq, $4 the normalized vector, $5 model.
-	 * Whether the session and the message were found. Neither the
-	 * revision nor anything a subscriber sees changes. */
+	/* $1 tenant, $2 id, $3 seq, $4 the normalized vector, $5 model,
+	 * $6 the life (sid) it is for, 0: any. Whether the session, the
+	 * message and the life were found: the message is updated only
+	 * under the sid of that life, in this one statement, so a session
+	 * made again under the id never takes it. Neither the revision nor
+	 * anything a subscriber sees changes. */
 	[ST_EMBEDDING_PUT] =
 	"WITH s AS (SELECT sid FROM sessions WHERE tenant = $1 AND id = $2),"
+	" l AS (SELECT sid FROM s WHERE $6::int8 = 0 OR sid = $6::int8),"
 	" u AS (UPDATE messages AS m SET embedding = $4::float4[],"
-	"  embedding_model = $5 FROM s WHERE m.sid = s.sid AND m.seq = $3::int8"
+	"  embedding_model = $5 FROM l WHERE m.sid = l.sid AND m.seq = $3::int8"
 	"  RETURNING 1)"
-	" SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM u)",
+	" SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM u),"
+	"  (SELECT count(*) FROM l)",
 
 	[ST_BEGIN] = "BEGIN",
 	[ST_COMMIT] = "COMMIT",

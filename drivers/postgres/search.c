@@ -375,7 +375,7 @@ out:
 
 typedef struct emb_arg {
 	pg_params p;
-	int found_session, found_message;
+	int found_session, found_message, found_life;
 } emb_arg;
 
 static int
@@ -391,13 +391,15 @@ emb_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 		return rc;
 	a->found_session = pg_r_i64(r, 0, 0) > 0;
 	a->found_message = pg_r_i64(r, 0, 1) > 0;
+	a->found_life = pg_r_i64(r, 0, 2) > 0;
 	PQclear(r);
 	return 0;
 }
 
 int
-pg_embedding_put(histd_driver *drv, const char *tenant, const char *id,
-		 uint64_t seq, const char *model, const float *v, uint32_t dim)
+pg_embedding_put_life(histd_driver *drv, const char *tenant, const char *id,
+		      uint64_t incarnation, uint64_t seq, const char *model,
+		      const float *v, uint32_t dim)
 {
 	emb_arg a = { 0 };
 	pg_array vec;
@@ -413,6 +415,10 @@ pg_embedding_put(histd_driver *drv, const char *tenant, const char *id,
 		return histd_error_set(HISTD_ENOTFOUND,
 				       "no stored message has seq %llu",
 				       (unsigned long long)seq);
+	/* The life is a sid: one beyond them is no session's. */
+	if (incarnation > INT64_MAX)
+		return histd_error_set(HISTD_ENOTFOUND, "session not found "
+				       "(it was deleted and created again)");
 	if (!(vn = malloc((size_t)dim * sizeof(*vn))))
 		return histd_error_set(HISTD_ENOMEM, "out of memory");
 	memcpy(vn, v, (size_t)dim * sizeof(*vn));
@@ -433,17 +439,28 @@ pg_embedding_put(histd_driver *drv, const char *tenant, const char *id,
 	pg_p_i64(&a.p, (int64_t)seq);
 	pg_p_array(&a.p, &vec);
 	pg_p_text(&a.p, model);
+	pg_p_i64(&a.p, (int64_t)incarnation);
 	rc = pg_txn((pg_driver *)drv, emb_body, &a, NULL);
 	pg_arr_free(&vec);
 	if (rc)
 		return rc;
 	if (!a.found_session)
 		return histd_error_set(HISTD_ENOTFOUND, "session not found");
+	if (!a.found_life)
+		return histd_error_set(HISTD_ENOTFOUND, "session not found "
+				       "(it was deleted and created again)");
 	if (!a.found_message)
 		return histd_error_set(HISTD_ENOTFOUND,
 				       "no stored message has seq %llu",
 				       (unsigned long long)seq);
 	return 0;
+}
+
+int
+pg_embedding_put(histd_driver *drv, const char *tenant, const char *id,
+		 uint64_t seq, const char *model, const float *v, uint32_t dim)
+{
+	return pg_embedding_put_life(drv, tenant, id, 0, seq, model, v, dim);
 }
 
 /* ---------------------------------------------------------------------- */

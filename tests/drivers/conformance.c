@@ -1870,6 +1870,16 @@ static void two_lives_at_revision_2(ctest *t, tmsg *m, size_t n,
 	histd_session_free(s);
 }
 
+/* s1 as two_lives_at_revision_2 left it: the second life, holding the n
+ * messages m at revision 2. */
+static void expect_second_life_untouched(ctest *t, const tmsg *m, size_t n)
+{
+	expect_state(t, TA, "s1", (want_state){
+		.revision = 2, .last_seq = n, .message_count = n,
+		.token_total = tokens_of(m, n), .bytes_total = bytes_of(m, n, 1),
+		.first_seq = 1 });
+}
+
 /* A truncate of one life (what retention does, from what it read of that
  * life) leaves a session created again under the id alone, even at the
  * same revision: ENOTFOUND and nothing changed; the life that is there is
@@ -1890,10 +1900,7 @@ static void truncate_of_an_earlier_life_leaves_the_new_one(void **state)
 					      &rev, &cur));
 	expect_eq(rev, SENTINEL_U64, "revision out-parameter");
 	expect_eq(cur, SENTINEL_U64, "current_revision out-parameter");
-	expect_state(t, TA, "s1", (want_state){
-		.revision = 2, .last_seq = 3, .message_count = 3,
-		.token_total = tokens_of(m, 3), .bytes_total = bytes_of(m, 3, 1),
-		.first_seq = 1 });
+	expect_second_life_untouched(t, m, 3);
 	expect_messages(t, TA, "s1", 1, m, 3);
 
 	expect_ok(histd_driver_truncate_life(t->d, TA, "s1", 2, 2, second,
@@ -1926,16 +1933,83 @@ static void summary_put_of_an_earlier_life_leaves_the_new_one(void **state)
 	expect_eq(rev, SENTINEL_U64, "revision out-parameter");
 	expect_eq(cur, SENTINEL_U64, "current_revision out-parameter");
 	expect_summary(t, TA, "s1", NULL);
-	expect_state(t, TA, "s1", (want_state){
-		.revision = 2, .last_seq = 2, .message_count = 2,
-		.token_total = tokens_of(m, 2), .bytes_total = bytes_of(m, 2, 1),
-		.first_seq = 1 });
+	expect_second_life_untouched(t, m, 2);
 
 	expect_ok(histd_driver_summary_put_life(t->d, TA, "s1", 2, second, sum,
 						&rev, &cur));
 	expect_eq(rev, 3, "revision after a put to the life that is there");
 	expect_summary(t, TA, "s1", sum);
 	histd_record_free(sum);
+	tmsgs_free(m, 2);
+}
+
+static int durable(const ctest *t);
+static void reopen(ctest *t);
+
+/* How many of s1's messages a semantic search of model m1 for qv (2
+ * dimensions) matches; *seq: the best one's. */
+static size_t semantic_hits(ctest *t, const float *qv, uint64_t *seq)
+{
+	const char *const ids[] = { "s1" };
+	histd_search_query q = {
+		.tenant = TA, .session_ids = ids, .n_session_ids = 1,
+		.mode = HISTD_SEARCH_SEMANTIC, .vector = qv, .dim = 2,
+		.model = "m1", .k = 10,
+	};
+	histd_search_result r;
+	size_t n;
+
+	memset(&r, 0, sizeof(r));
+	expect_ok(histd_driver_search(t->d, &q, &r));
+	n = r.n;
+	if (n)
+		*seq = r.records.v[0].seq;
+	histd_search_result_clear(&r);
+	return n;
+}
+
+/* An embedding put for one life (what the embedder does, with a vector
+ * computed from that life's message text) is not stored in a session
+ * created again under the id, whose messages have the same seqs:
+ * ENOTFOUND and no vector, not even over one the new life holds at that
+ * seq; the life that is there takes it, and a restart replays just that. */
+static void embedding_put_of_an_earlier_life_leaves_the_new_one(void **state)
+{
+	ctest *t = *state;
+	/* Orthogonal: a search for one never matches the other. */
+	static const float old_v[2] = { 1, 0 }, new_v[2] = { 0, 1 };
+	uint64_t first, second, seq = 0;
+	tmsg m[2];
+
+	if (t->d->version < 7 || !t->d->embedding_put_life)
+		skip();
+	tmsg_texts(m, 2, "a life");
+	two_lives_at_revision_2(t, m, 2, &first, &second);
+
+	expect_err(HISTD_ENOTFOUND,
+		   histd_driver_embedding_put_life(t->d, TA, "s1", first, 1,
+						   "m1", old_v, 2));
+	expect_eq(semantic_hits(t, old_v, &seq), 0,
+		  "hits of the earlier life's vector");
+
+	expect_ok(histd_driver_embedding_put_life(t->d, TA, "s1", second, 2,
+						  "m1", new_v, 2));
+	expect_err(HISTD_ENOTFOUND,
+		   histd_driver_embedding_put_life(t->d, TA, "s1", first, 2,
+						   "m1", old_v, 2));
+	for (int restarted = 0; restarted < 2; restarted++) {
+		if (restarted) {
+			if (!durable(t))
+				break;
+			reopen(t);
+		}
+		expect_eq(semantic_hits(t, old_v, &seq), 0,
+			  "hits of the earlier life's vector");
+		expect_eq(semantic_hits(t, new_v, &seq), 1,
+			  "hits of the new life's vector");
+		expect_eq(seq, 2, "seq of the new life's hit");
+	}
+	expect_second_life_untouched(t, m, 2);
 	tmsgs_free(m, 2);
 }
 
@@ -1960,10 +2034,7 @@ static void fork_of_an_earlier_life_creates_nothing(void **state)
 						  &out));
 	assert_ptr_equal(out, SENTINEL_SESSION);
 	expect_err(HISTD_ENOTFOUND, histd_driver_session_get(t->d, TA, "f1", &s));
-	expect_state(t, TA, "s1", (want_state){
-		.revision = 2, .last_seq = 2, .message_count = 2,
-		.token_total = tokens_of(m, 2), .bytes_total = bytes_of(m, 2, 1),
-		.first_seq = 1 });
+	expect_second_life_untouched(t, m, 2);
 
 	expect_ok(histd_driver_session_fork_life(t->d, TA, "s1", second, 0, &in,
 						 &out));
@@ -5295,6 +5366,7 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 		T(delete_of_an_earlier_life_leaves_the_new_one),
 		T(truncate_of_an_earlier_life_leaves_the_new_one),
 		T(summary_put_of_an_earlier_life_leaves_the_new_one),
+		T(embedding_put_of_an_earlier_life_leaves_the_new_one),
 		T(fork_of_an_earlier_life_creates_nothing),
 		T(session_delete_with_stale_expected_revision_is_conflict),
 
