@@ -428,8 +428,9 @@ check_life(histd_embedder *e, job *j)
 	return rc == HISTD_ENOTFOUND ? 0 : rc;
 }
 
-/* Embeds and stores texts[0..n) of seqs[]: 0 (j->stale: nothing stored,
- * the session is another life now) or the provider's error. */
+/* Embeds and stores texts[0..n) of seqs[]: 0 (j->stale: the session is
+ * another life now, which took none of them) or the provider's or the
+ * driver's error. */
 static int
 embed_batch(histd_embedder *e, job *j, const embed_target *t,
 	    char **texts, const uint64_t *seqs, size_t n)
@@ -444,21 +445,27 @@ embed_batch(histd_embedder *e, job *j, const embed_target *t,
 	if (rc)
 		return rc;
 	/* The texts were read before the provider's answer: if the
-	 * session was deleted meanwhile, its vectors go nowhere. */
-	if ((rc = check_life(e, j)) || j->stale) {
-		free(v);
-		return rc;
-	}
+	 * session was deleted meanwhile (and perhaps made again, with other
+	 * messages under these seqs), its vectors go nowhere. The driver
+	 * stores each only into the life j read, in the same step. */
 	for (size_t i = 0; i < n; i++) {
-		rc = histd_driver_embedding_put(e->d, j->tenant, j->id, seqs[i],
-						t->model, v + i * dim, dim);
+		rc = histd_driver_embedding_put_life(e->d, j->tenant, j->id,
+						     j->life, seqs[i], t->model,
+						     v + i * dim, dim);
 		if (rc == 0) {
 			pthread_mutex_lock(&e->mu);
 			e->st.embedded++;
 			pthread_mutex_unlock(&e->mu);
-		} else if (rc != HISTD_ENOTFOUND && rc != HISTD_EINVALID) {
-			/* ENOTFOUND: cleared meanwhile; EINVALID: a zero
-			 * vector, nothing to store. */
+		} else if (rc == HISTD_ENOTFOUND) {
+			/* Another life or gone: the job is stale, nothing
+			 * more of it is stored. Else only this message was
+			 * cleared meanwhile. */
+			if ((rc = check_life(e, j)) || j->stale) {
+				free(v);
+				return rc;
+			}
+		} else if (rc != HISTD_EINVALID) {
+			/* EINVALID: a zero vector, nothing to store. */
 			free(v);
 			return rc;
 		}

@@ -1,7 +1,8 @@
 /*
  * The embedding worker: computes the embeddings of stored messages off the
- * request path and stores them with the driver (histd_driver_embedding_put),
- * and embeds Search queries (it is the process's histd_search_embedder).
+ * request path and stores them with the driver, into the life of the
+ * session it read them from (histd_driver_embedding_put_life), and embeds
+ * Search queries (it is the process's histd_search_embedder).
  *
  * Flow: the driver's change hook (histd_embedder_notify, beside the hub's)
  * queues (tenant, session, seq range) for every append and replace; it
