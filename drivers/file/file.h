@@ -19,9 +19,6 @@
  *   body  = u8 type | fields (protobuf-style varints; strings and bytes as a
  *           varint length and the bytes)
  * The first frame of a file names its kind, format version and generation.
- * In a log (format version 3), each write of records begins with a batch
- * frame: the records up to the next one were written by one write(2) and
- * synced by one fsync (always, batch) before the next write was made.
  * Log records carry results, not requests: the seqs, revisions,
  * timestamps, idempotency key, hash and expiry the live call assigned, so
  * a replay is deterministic and checks that each record follows its
@@ -51,11 +48,7 @@
  * Recovery
  *   A bad frame (short, bad length or checksum) in the last log after
  *   which no valid frame exists is a torn tail: it is truncated and a
- *   warning line is written on stderr. So is a hole a crash tore in the
- *   last write (a sector of the prepared zeros inside it) with valid
- *   records of that write after it (no batch frame follows): none of it
- *   was acknowledged. A cut takes the write's batch frame too if nothing
- *   of the write stays. Zeros from a frame boundary to the
+ *   warning line is written on stderr. Zeros from a frame boundary to the
  *   end of the last log are space the writer prepared: cut, with an info
  *   line; zeros ending any other file are corruption. A log that follows
  *   another records in its header the length that one was closed at; if

@@ -66,32 +66,6 @@ hf_pwrite_all(int fd, const void *p, size_t n, uint64_t off)
 }
 
 int
-hf_pwritev_all(int fd, struct iovec *iov, int n, uint64_t off)
-{
-	while (n) {
-		ssize_t w = pwritev(fd, iov, n, (off_t)off);
-
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		off += (uint64_t)w;
-		/* What a short write left: the vectors not (wholly) taken. */
-		while (n && (size_t)w >= iov->iov_len) {
-			w -= (ssize_t)iov->iov_len;
-			iov++;
-			n--;
-		}
-		if (n) {
-			iov->iov_base = (uint8_t *)iov->iov_base + w;
-			iov->iov_len -= (size_t)w;
-		}
-	}
-	return 0;
-}
-
-int
 hf_sync_dir(hf_driver *d)
 {
 	if (fsync(d->dirfd) != 0)

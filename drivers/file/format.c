@@ -290,7 +290,7 @@ hf_frame_check(const uint8_t *p, size_t avail, uint32_t *body_len)
 static int
 known_type(uint8_t t)
 {
-	return (t >= HF_T_FILE && t <= HF_T_BATCH) ||
+	return (t >= HF_T_FILE && t <= HF_T_TRUNCATE) ||
 	       (t >= HF_T_S_SESSION && t <= HF_T_S_END);
 }
 
@@ -347,7 +347,7 @@ hf_frame_torn_in_zeros(const uint8_t *p, size_t avail)
 }
 
 int
-hf_frame_find(const uint8_t *p, size_t avail, size_t *at)
+hf_frame_find(const uint8_t *p, size_t avail)
 {
 	for (size_t o = 0; o + HF_FRAME_HEADER < avail; o++) {
 		uint32_t len;
@@ -358,38 +358,8 @@ hf_frame_find(const uint8_t *p, size_t avail, size_t *at)
 			continue;
 		if (hf_frame_check(p + o, avail - o, &len) == HF_FRAME_OK &&
 		    chain_to_end(p + o + HF_FRAME_HEADER + len,
-				 avail - o - HF_FRAME_HEADER - len)) {
-			if (at)
-				*at = o;
+				 avail - o - HF_FRAME_HEADER - len))
 			return 1;
-		}
-	}
-	return 0;
-}
-
-int
-hf_zero_block(const uint8_t *file, size_t from, size_t to)
-{
-	size_t b = (from + HF_TEAR_BLOCK - 1) / HF_TEAR_BLOCK * HF_TEAR_BLOCK;
-
-	for (; b + HF_TEAR_BLOCK <= to; b += HF_TEAR_BLOCK)
-		if (hf_all_zero(file + b, HF_TEAR_BLOCK))
-			return 1;
-	return 0;
-}
-
-int
-hf_batch_follows(const uint8_t *file, size_t from, size_t size)
-{
-	while (from < size) {
-		uint32_t len;
-
-		if (hf_frame_check(file + from, size - from, &len) !=
-		    HF_FRAME_OK)
-			break;
-		if (file[from + HF_FRAME_HEADER] == HF_T_BATCH)
-			return 1;
-		from += HF_FRAME_HEADER + (size_t)len;
 	}
 	return 0;
 }

@@ -16,7 +16,6 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/uio.h>
 
 #include "driver.h"
 #include "index/index.h"
@@ -30,12 +29,8 @@
  * change after the revision, and a snapshot's session its active_at_us
  * after updated_at. Files of version 1 still load (hf_load), their
  * sessions' activity unknown (0) where version 1 did not record it; new
- * files are written as version 2, and a version 1 log is never continued.
- * 3: each write of records to a log begins with a batch frame
- * (HF_T_BATCH), so that recovery can tell a hole torn in the last write,
- * which was never synced, from damage to records already synced. Files of
- * versions 1 and 2 still load; a log of either is never continued. */
-#define HF_FORMAT_VERSION 3
+ * files are written as version 2, and a version 1 log is never continued. */
+#define HF_FORMAT_VERSION 2
 #define HF_FRAME_HEADER 8
 /* Largest body of one frame: appends above it are refused (ELIMIT). */
 #define HF_FRAME_MAX 0x7ffffff0u
@@ -61,10 +56,6 @@ enum hf_type {
 	HF_T_EMBED = 10,
 	/* Messages up to a seq deleted (version 3 truncate). */
 	HF_T_TRUNCATE = 11,
-	/* No fields (format version 3): the records after it, up to the
-	 * next batch frame, were written by one write(2), and synced by the
-	 * one fsync after it (always, batch) before the next was written. */
-	HF_T_BATCH = 12,
 	/* Snapshot records: a session, then what it holds. */
 	HF_T_S_SESSION = 16,
 	HF_T_S_MSG = 17,
@@ -126,22 +117,8 @@ enum hf_frame_status hf_frame_check(const uint8_t *p, size_t avail,
 /* Whether valid records start anywhere in [p, p + avail): a valid frame
  * followed by valid frames up to the end (or to zeros, or to a frame cut
  * short there). A frame inside a torn record's bytes (a message may hold
- * anything) is followed by the rest of that record's bytes instead.
- * *at (if not NULL): where the first such run of frames starts. */
-int hf_frame_find(const uint8_t *p, size_t avail, size_t *at);
-
-/* The unit a torn write loses: a sector, the least a disk writes. */
-#define HF_TEAR_BLOCK 512
-
-/* Whether [from, to) of a file holds a whole HF_TEAR_BLOCK of zeros at a
- * multiple of it: the mark of a block a crash kept from the disk (the
- * zeros prepared ahead of the records, never overwritten). A damaged
- * byte does not leave one. */
-int hf_zero_block(const uint8_t *file, size_t from, size_t to);
-
-/* Whether a batch frame is among the valid frames that run from offset
- * `from` of a file of size bytes (up to the first frame that is not). */
-int hf_batch_follows(const uint8_t *file, size_t from, size_t size);
+ * anything) is followed by the rest of that record's bytes instead. */
+int hf_frame_find(const uint8_t *p, size_t avail);
 
 /* Whether the bad frame at p is the last record torn inside the zeros
  * the writer prepared: its length fits in the avail bytes left, and only
@@ -504,9 +481,6 @@ int hf_log_create(hf_driver *d, uint64_t gen, uint64_t prev_len);
 /* Writes all of p (at off) or returns -errno. */
 int hf_write_all(int fd, const void *p, size_t n);
 int hf_pwrite_all(int fd, const void *p, size_t n, uint64_t off);
-/* The n vectors at off, retrying short writes (iov is changed). 0 or
- * -errno. */
-int hf_pwritev_all(int fd, struct iovec *iov, int n, uint64_t off);
 int hf_sync_dir(hf_driver *d);
 /* Parses a level name (NULL or "" is info); -1 if it is none. */
 int hf_log_level_parse(const char *s);

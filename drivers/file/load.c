@@ -722,10 +722,6 @@ apply_frame(replay *r, const uint8_t *body, uint32_t len)
 	case HF_T_SUMMARY: return do_summary(r, &rd);
 	case HF_T_EMBED: return do_embed(r, &rd);
 	case HF_T_TRUNCATE: return do_truncate(r, &rd);
-	case HF_T_BATCH:
-		if (r->version >= 3)
-			return 0;
-		return corrupt(r, "has a type logs of its version do not hold");
 	default: return corrupt(r, "has a type logs do not hold");
 	}
 }
@@ -798,8 +794,6 @@ cut_tail(replay *r, int fd, uint64_t off, uint64_t size,
 }
 
 #define TORN "file driver: truncated a torn record at the end of the log"
-#define TORN_BATCH "file driver: truncated the last write to the log, torn " \
-	"by a crash (a hole in it; none of it was acknowledged)"
 
 /*
  * Checks frames ahead of the replay on another core: the checksums cost
@@ -915,10 +909,9 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 	char name[64];
 	const uint8_t *p = NULL;
 	struct stat st;
-	size_t size, off = 0, hdr, ok_to = 0, idx = 0, valid = 0;
-	size_t batch_at = SIZE_MAX, cut_at;
+	size_t size, off = 0, hdr, ok_to = 0, idx = 0;
 	uint64_t said = 0;
-	int fd, rc = 0, cut, torn_batch;
+	int fd, rc = 0;
 
 	if (snapshot)
 		hf_snapshot_name(name, sizeof(name), gen);
@@ -949,7 +942,7 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 
 		/* A log created just before a crash: nothing in it could
 		 * have been acknowledged. */
-		if (!last || snapshot || (size && hf_frame_find(p + 1, size - 1, NULL))) {
+		if (!last || snapshot || (size && hf_frame_find(p + 1, size - 1))) {
 			rc = corrupt(&r, "is not a valid file header");
 			goto out;
 		}
@@ -990,15 +983,10 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 		if (fs == HF_FRAME_OK) {
 			if ((rc = apply_frame(&r, p + off + HF_FRAME_HEADER, len)))
 				goto out;
-			batch_at = p[off + HF_FRAME_HEADER] == HF_T_BATCH
-				 ? off : SIZE_MAX;
 			off += HF_FRAME_HEADER + (size_t)len;
 			idx++;
 			continue;
 		}
-		/* A cut goes back to the batch frame of the torn write, if
-		 * it lies just before: nothing of that write is left. */
-		cut_at = batch_at != SIZE_MAX ? batch_at : off;
 		/* Zeros from a frame boundary to the end: the space the
 		 * writer had prepared, not a record. Only the last log can
 		 * have any: a log is trimmed and synced before the next one
@@ -1010,40 +998,21 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 				goto out;
 			}
 			verifier_stop(&v);
-			/* After a batch frame: its records were lost. */
-			if ((rc = cut_tail(&r, fd, cut_at, size,
-					   cut_at < off ? HF_LOG_WARN : HF_LOG_INFO,
-					   cut_at < off ? TORN_BATCH :
+			if ((rc = cut_tail(&r, fd, off, size, HF_LOG_INFO,
 					   "file driver: cut the zeros prepared "
 					   "after the last record (histd had not "
 					   "stopped cleanly)")))
 				goto out;
-			size = cut_at;
+			size = off;
 			break;
 		}
 		/* A bad frame: a torn tail only if nothing valid follows,
 		 * and only in the last log. One whose extent ends in the
 		 * prepared zeros is the torn last record, whatever frames
-		 * its own bytes hold (a message may hold anything). In a
-		 * version 3 log, the valid records after a hole that a
-		 * crash tore in the last write (a block of zeros) are of
-		 * that write, never acknowledged: cut with it. Either only
-		 * if no later write (a batch frame) follows. */
-		cut = last && !snapshot;
-		torn_batch = 0;
-		if (cut && hf_frame_find(p + off + 1, size - off - 1, &valid)) {
-			valid += off + 1;
-			if (r.version < 3) {
-				cut = hf_frame_torn_in_zeros(p + off, size - off);
-			} else if (hf_batch_follows(p, valid, size)) {
-				cut = 0;
-			} else {
-				torn_batch = hf_zero_block(p, off, valid);
-				cut = torn_batch ||
-				      hf_frame_torn_in_zeros(p + off, size - off);
-			}
-		}
-		if (!cut) {
+		 * its own bytes hold (a message may hold anything). */
+		if (!last || snapshot ||
+		    (!hf_frame_torn_in_zeros(p + off, size - off) &&
+		     hf_frame_find(p + off + 1, size - off - 1))) {
 			const char *why = "fails its checksum";
 
 			/* Cut short: by the end of a file that should be
@@ -1061,19 +1030,9 @@ replay_file(hf_driver *d, uint64_t gen, int snapshot, int last,
 			goto out;
 		}
 		verifier_stop(&v);
-		if ((rc = cut_tail(&r, fd, cut_at, size, HF_LOG_WARN,
-				   torn_batch ? TORN_BATCH : TORN)))
+		if ((rc = cut_tail(&r, fd, off, size, HF_LOG_WARN, TORN)))
 			goto out;
-		size = cut_at;
-	}
-	/* The last log ends in a batch frame: the rest of its write was
-	 * torn off, at the file's end. */
-	if (last && !snapshot && batch_at != SIZE_MAX && batch_at < size) {
-		verifier_stop(&v);
-		if ((rc = cut_tail(&r, fd, batch_at, size, HF_LOG_WARN,
-				   TORN_BATCH)))
-			goto out;
-		size = batch_at;
+		size = off;
 	}
 	if (snapshot && !r.ended) {
 		r.off = off;

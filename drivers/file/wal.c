@@ -103,10 +103,6 @@ struct hf_wal {
 
 	_Atomic uint64_t done_lsn;
 
-	/* The frame every write of records begins with (HF_T_BATCH). */
-	uint8_t batch_frame[16];
-	size_t batch_len;
-
 	/* Reports of asynchronous waiters (hf_wal_wait_async) are made by
 	 * their own thread, so that the writer goes on to the next batch
 	 * while the answers go out. */
@@ -228,22 +224,14 @@ log_error(hf_wal *w, const char *what, int err)
 	return log_failed(w, what, strerror(err));
 }
 
-/* Writes a batch frame and the n bytes of records after it at the log's
- * end, first extending the zeros ahead of it if they run out. 0 or
- * -errno. */
+/* Writes n bytes at the log's end, first extending the zeros ahead of it
+ * if they run out. 0 or -errno. */
 static int
 put(hf_wal *w, const uint8_t *p, size_t n, uint64_t *syncs)
 {
-	struct iovec iov[2] = {
-		{ .iov_base = w->batch_frame, .iov_len = w->batch_len },
-		{ .iov_base = (void *)p, .iov_len = n },
-	};
 	static const uint8_t zeros[64 << 10];
 	int rc;
 
-	if (!n)
-		return 0;
-	n += w->batch_len;
 	if (w->d->mode != HF_FSYNC_NEVER && w->pos + n > w->alloc) {
 		uint64_t ahead = w->pos / 4, to;
 
@@ -263,7 +251,7 @@ put(hf_wal *w, const uint8_t *p, size_t n, uint64_t *syncs)
 			return -errno;
 		(*syncs)++;
 	}
-	if ((rc = hf_pwritev_all(w->fd, iov, 2, w->pos)))
+	if ((rc = hf_pwrite_all(w->fd, p, n, w->pos)))
 		return rc;
 	w->pos += n;
 	if (w->pos > w->alloc)
@@ -530,19 +518,6 @@ hf_wal_start(hf_wal **out, hf_driver *d, int fd, uint64_t gen, uint64_t size)
 	w->pos = w->alloc = size;
 	w->inside_max = 1;
 	atomic_init(&w->done_lsn, 0);
-	{
-		hf_buf b = { 0 };
-
-		hf_frame_end(&b, hf_frame_begin(&b, HF_T_BATCH));
-		if (b.oom || b.len > sizeof(w->batch_frame)) {
-			hf_buf_free(&b);
-			free(w);
-			return histd_error_set(HISTD_ENOMEM, "out of memory");
-		}
-		memcpy(w->batch_frame, b.p, b.len);
-		w->batch_len = b.len;
-		hf_buf_free(&b);
-	}
 	pthread_mutex_init(&w->mu, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
