@@ -830,6 +830,12 @@ histd_driver_can_search(const histd_driver *d)
 }
 
 int
+histd_driver_can_embed(const histd_driver *d)
+{
+	return histd_driver_can_search(d) && d->embedding_put != NULL;
+}
+
+int
 histd_driver_can_truncate(const histd_driver *d)
 {
 	return d && d->version >= 3 && d->truncate != NULL;

@@ -829,6 +829,8 @@ int histd_driver_embedding_put_life(histd_driver *d, const char *tenant,
 				    const float *v, uint32_t dim);
 /* Whether the driver can search (version 2 with search set). */
 int histd_driver_can_search(const histd_driver *d);
+/* Whether it can also store embeddings (embedding_put set). */
+int histd_driver_can_embed(const histd_driver *d);
 /* Whether the driver can delete old messages (version 3 with truncate). */
 int histd_driver_can_truncate(const histd_driver *d);
 

@@ -351,7 +351,7 @@ semantic(histd_driver *d, const histd_search_query *base, int64_t deadline_us,
 
 		if (done[i])
 			continue;
-		if (!sc->v[i].provider || !e || !d->embedding_put) {
+		if (!sc->v[i].provider || !e || !histd_driver_can_embed(d)) {
 			p->fallback[p->n_fallback++] = sc->v[i].id;
 			done[i] = 1;
 			continue;
