@@ -1355,6 +1355,33 @@ histd_records_reserve(histd_records *l, const histd_read *q,
 }
 
 int
+histd_read_budget(const histd_read *q, const histd_record *v, size_t *from,
+		  size_t *to)
+{
+	uint64_t size = 0;
+	size_t k;
+
+	if (!q->max_bytes || *to - *from <= 1)
+		return 0;
+	for (k = 0; k < *to - *from; k++) {
+		const histd_record *r = q->last_n ? &v[*to - 1 - k]
+						  : &v[*from + k];
+		uint64_t one = 1 + histd_wire_varint_size(r->len) + r->len;
+
+		if (k > 0 && size + one > q->max_bytes)
+			break;
+		size += one;
+	}
+	if (k == *to - *from)
+		return 0;
+	if (q->last_n)
+		*from = *to - k;
+	else
+		*to = *from + k;
+	return 1;
+}
+
+int
 histd_read_known(const histd_read *q, uint64_t revision, int64_t created_us)
 {
 	return q->known_revision && q->known_revision == revision &&

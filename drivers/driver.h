@@ -286,6 +286,14 @@ typedef struct histd_read {
 	 * frame_slack bytes spare for the caller's other fields. */
 	uint32_t frame_field;
 	uint32_t frame_slack;
+	/* Non-zero: the caller keeps only the records whose framed sizes
+	 * (1 + varint(len) + len each) add up to at most max_bytes, and at
+	 * least one: the first ones of a forward read, the newest of a
+	 * last_n read. A driver may honour it (optional; histd_read_budget)
+	 * and return no more than those, so that a page of large messages
+	 * is not copied only to be cut; it then sets has_more when the
+	 * budget left out records the read would have returned. */
+	uint64_t max_bytes;
 } histd_read;
 
 /* Everything is read at one instant: the messages are exactly those stored
@@ -295,8 +303,9 @@ typedef struct histd_read_result {
 	uint64_t revision;
 	uint64_t last_seq;
 	uint64_t cleared_to_seq;
-	int has_more;               /* more messages after the last returned
-	                             * (always 0 with last_n) */
+	int has_more;               /* more messages after the last returned;
+	                             * with last_n: older ones of the last_n
+	                             * that max_bytes left out */
 	histd_session *session;     /* if want_session; caller frees */
 	histd_record *summary;      /* if want_summary; caller frees */
 	int summary_read;           /* set by a driver that filled summary */
@@ -895,6 +904,13 @@ int histd_records_frame(histd_records *l, uint32_t field, size_t n,
  * 0 or ENOMEM. */
 int histd_records_reserve(histd_records *l, const histd_read *q,
 			  const histd_record *src, size_t n);
+/* For a driver that honours q->max_bytes: narrows the range [*from, *to)
+ * of the records v (those read q returns, in seq order) to what the
+ * budget keeps: *to lowered for a forward read, *from raised for a last_n
+ * read. Returns 1 if it left any out (for has_more), else 0. Reads only
+ * the lengths of the records it keeps, and one more. */
+int histd_read_budget(const histd_read *q, const histd_record *v,
+		      size_t *from, size_t *to);
 /* 1 if read q may leave out the session and summary of a session now at
  * `revision`, created at created_us (q->known_revision): the caller holds
  * them. */

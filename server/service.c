@@ -2018,7 +2018,8 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 {
 	const histd_service_config *cfg = &c->s->cfg;
 	histd_read q = { .tenant = c->tenant, .session_id = r->session_id,
-			 .frame_field = 1, .frame_slack = TAIL_MAX };
+			 .frame_field = 1, .frame_slack = TAIL_MAX,
+			 .max_bytes = cfg->max_response_bytes };
 	histd_read_result res = { 0 };
 	uint64_t tokens = 0, next = 0;
 	size_t size = 0, o = 0, first, end;
@@ -2062,7 +2063,8 @@ get_messages_raw(call *c, const Histd__V1__GetMessagesRequest *r)
 	if ((res.has_more || end < res.records.n) && end > first &&
 	    !r->last_n)
 		next = res.records.v[end - 1].seq;
-	truncated = r->last_n && first > 0;
+	/* has_more with last_n: older ones the driver's budget left out. */
+	truncated = r->last_n && (first > 0 || res.has_more);
 	/* All of it, framed by the driver: sent as it is. */
 	if (first == 0 && end == res.records.n)
 		buf = histd_records_take_wire(&res.records, TAIL_MAX, &o);

@@ -947,7 +947,7 @@ fd_read(histd_driver *dd, const histd_read *q, histd_read_result *res)
 	hf_driver *d = (hf_driver *)dd;
 	hf_session *s;
 	size_t from, to;
-	int rc;
+	int rc, budget_cut;
 
 	if ((rc = lock_read(d)))
 		return rc;
@@ -961,6 +961,7 @@ fd_read(histd_driver *dd, const histd_read *q, histd_read_result *res)
 		to = q->limit && s->n_msgs - from > q->limit ? from + q->limit
 							      : s->n_msgs;
 	}
+	budget_cut = histd_read_budget(q, s->msgs, &from, &to);
 	if (histd_records_reserve(&res->records, q,
 				  to > from ? s->msgs + from : NULL, to - from))
 		goto oom;
@@ -986,7 +987,7 @@ fd_read(histd_driver *dd, const histd_read *q, histd_read_result *res)
 	res->revision = s->revision;
 	res->last_seq = s->last_seq;
 	res->cleared_to_seq = s->cleared_to_seq;
-	res->has_more = to < s->n_msgs;
+	res->has_more = to < s->n_msgs || budget_cut;
 	if ((rc = settle(d, s->lsn, 0)))
 		histd_read_result_clear(res);
 	return rc;

@@ -1747,7 +1747,7 @@ mem_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 	void (*hook)(const histd_read *) = histd_memory_read_test_hook;
 	mem_session *s;
 	size_t from, to;
-	int rc;
+	int rc, budget_cut;
 
 	if (hook)
 		hook(q);
@@ -1761,6 +1761,7 @@ mem_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 		to = q->limit && s->n_msgs - from > q->limit ? from + q->limit
 							      : s->n_msgs;
 	}
+	budget_cut = histd_read_budget(q, s->msgs, &from, &to);
 	if ((rc = histd_records_reserve(&res->records, q,
 					to > from ? s->msgs + from : NULL,
 					to - from)))
@@ -1792,7 +1793,7 @@ mem_read(histd_driver *d, const histd_read *q, histd_read_result *res)
 	res->revision = s->revision;
 	res->last_seq = s->last_seq;
 	res->cleared_to_seq = s->cleared_to_seq;
-	res->has_more = to < s->n_msgs;
+	res->has_more = to < s->n_msgs || budget_cut;
 out:
 	session_close(s);
 	if (rc)

@@ -3246,6 +3246,105 @@ static void read_last_n_returns_the_newest(void **state)
 	tmsgs_free(m, 12);
 }
 
+/* The framed size of a record, as histd_read.max_bytes counts it. */
+static uint64_t framed(const histd_record *r)
+{
+	return 1 + histd_wire_varint_size(r->len) + r->len;
+}
+
+/* One read of session s1 with a byte budget: what `all` (the whole
+ * session) says it keeps, the first (or with last_n the newest) `keep`,
+ * and has_more; or, from a driver that does not honour the budget, the
+ * read without it. */
+static void expect_budgeted(ctest *t, const histd_read_result *all,
+			    uint32_t last_n, uint64_t max_bytes, size_t keep)
+{
+	size_t n = last_n && last_n < all->records.n ? last_n : all->records.n;
+	size_t first = last_n ? all->records.n - keep : 0;
+	histd_read_result rr;
+	histd_read q;
+
+	memset(&q, 0, sizeof(q));
+	q.tenant = TA;
+	q.session_id = "s1";
+	q.last_n = last_n;
+	q.max_bytes = max_bytes;
+	memset(&rr, 0, sizeof(rr));
+	expect_ok(histd_driver_read(t->d, &q, &rr));
+	if (rr.records.n == n && !rr.has_more && !t->fx->read_budget)
+		keep = n, first = last_n ? all->records.n - n : 0;
+	if (rr.records.n != keep || rr.has_more != (keep < n))
+		fail_msg("read last_n %u max_bytes %llu: %zu records has_more "
+			 "%d, want %zu has_more %d", last_n,
+			 (unsigned long long)max_bytes, rr.records.n,
+			 rr.has_more, keep, keep < n);
+	for (size_t i = 0; i < keep; i++) {
+		const histd_record *a = &all->records.v[first + i];
+		const histd_record *b = &rr.records.v[i];
+
+		if (a->seq != b->seq || a->len != b->len ||
+		    memcmp(a->data, b->data, a->len) != 0)
+			fail_msg("read max_bytes %llu: record %zu differs",
+				 (unsigned long long)max_bytes, i);
+	}
+	histd_read_result_clear(&rr);
+}
+
+/* max_bytes keeps the first records (the newest with last_n) whose
+ * framed sizes fit, at least one, and says with has_more that it left
+ * some out; a page walk with it reads every message once. */
+static void read_with_a_byte_budget_keeps_what_fits(void **state)
+{
+	ctest *t = *state;
+	histd_read_result all, rr;
+	uint64_t b3 = 0, b3_new = 0, after = 0, want = 1;
+	histd_read q;
+	tmsg m[10];
+	size_t i;
+
+	create_ok(t, TA, "s1");
+	tmsg_texts(m, 10, "budgeted message, of some length");
+	append_each(t, TA, "s1", m, 10, 1);
+	read_all(t, TA, "s1", &all);
+	assert_int_equal(all.records.n, 10);
+	for (i = 0; i < 3; i++) {
+		b3 += framed(&all.records.v[i]);
+		b3_new += framed(&all.records.v[9 - i]);
+	}
+	/* Three fit, and most of a fourth. */
+	expect_budgeted(t, &all, 0, b3 + framed(&all.records.v[3]) - 1, 3);
+	expect_budgeted(t, &all, 0, b3, 3);
+	expect_budgeted(t, &all, 10, b3_new + framed(&all.records.v[6]) - 1, 3);
+	expect_budgeted(t, &all, 3, b3_new, 3);
+	/* Less than one: one, all the same. */
+	expect_budgeted(t, &all, 0, 1, 1);
+	expect_budgeted(t, &all, 10, 1, 1);
+	/* Enough for all. */
+	expect_budgeted(t, &all, 0, UINT64_MAX, 10);
+	expect_budgeted(t, &all, 10, b3 * 10, 10);
+
+	/* Pages of at most b3 bytes: every seq once, in order. */
+	do {
+		memset(&q, 0, sizeof(q));
+		q.tenant = TA;
+		q.session_id = "s1";
+		q.after_seq = after;
+		q.limit = 4;
+		q.max_bytes = b3;
+		memset(&rr, 0, sizeof(rr));
+		expect_ok(histd_driver_read(t->d, &q, &rr));
+		assert_true(rr.records.n > 0);
+		for (i = 0; i < rr.records.n; i++)
+			expect_eq(rr.records.v[i].seq, want++, "paged seq");
+		after = rr.records.v[rr.records.n - 1].seq;
+		i = rr.has_more;
+		histd_read_result_clear(&rr);
+	} while (i);
+	expect_eq(want, 11, "seqs read");
+	histd_read_result_clear(&all);
+	tmsgs_free(m, 10);
+}
+
 static void read_reports_revision_last_seq_and_cleared_to_seq(void **state)
 {
 	ctest *t = *state;
@@ -5406,6 +5505,7 @@ int histd_conformance_run(const histd_conformance_fixture *fx)
 
 		T(read_pages_by_after_seq_and_limit),
 		T(read_last_n_returns_the_newest),
+		T(read_with_a_byte_budget_keeps_what_fits),
 		T(read_reports_revision_last_seq_and_cleared_to_seq),
 		T(read_with_want_session_returns_the_session),
 		T(read_with_want_summary_returns_the_newest_summary),

@@ -46,6 +46,10 @@ typedef struct histd_conformance_fixture {
 	void (*store_free)(void *ctx, void *store);
 	/* Passed to both, as given. */
 	void *ctx;
+	/* Non-zero: the driver honours histd_read.max_bytes (optional in
+	 * driver.h), and the suite checks that it returns exactly what the
+	 * budget keeps; else only that what it returns is right. */
+	int read_budget;
 } histd_conformance_fixture;
 
 /* Runs every conformance test on `fx`, each on its own fresh store, and

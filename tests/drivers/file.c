@@ -61,6 +61,7 @@ int main(void)
 {
 	const histd_conformance_fixture fx = {
 		.driver = "file",
+		.read_budget = 1,
 		.store_new = store_new,
 		.store_free = store_free,
 	};

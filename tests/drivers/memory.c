@@ -17,6 +17,7 @@ int main(void)
 {
 	const histd_conformance_fixture fx = {
 		.driver = "memory",
+		.read_budget = 1,
 		.store_new = store_new,
 	};
 
