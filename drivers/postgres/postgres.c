@@ -888,7 +888,9 @@ read_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	const histd_read *q = a->q;
 	pg_params p = { 0 };
 	PGresult *r;
-	int rc, n, found = 0, want;
+	int rc, n, found = 0, want, total = -1, skip = 0;
+	int64_t budget = q->max_bytes > INT64_MAX ? 0 : (int64_t)q->max_bytes;
+	uint64_t size = 0;
 
 	(void)commit_sent;
 	histd_read_result_clear(&a->res);
@@ -896,6 +898,7 @@ read_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 	pg_p_text(&p, q->session_id);
 	if (q->last_n) {
 		pg_p_i64(&p, q->last_n);
+		pg_p_i64(&p, budget);
 		rc = pg_exec(d, c, ST_READ_LAST, &p, &r, retry);
 	} else {
 		pg_p_i64(&p, (int64_t)q->after_seq);
@@ -903,6 +906,7 @@ read_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 			pg_p_i64(&p, (int64_t)q->limit + 1);
 		else
 			pg_p_null(&p);
+		pg_p_i64(&p, budget);
 		rc = pg_exec(d, c, ST_READ_AFTER, &p, &r, retry);
 	}
 	if (rc)
@@ -928,10 +932,47 @@ read_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 		PQclear(r);
 		return not_found();
 	}
-	if (!q->last_n && q->limit && (uint32_t)want > q->limit) {
+	/* The rows the limit alone gives, of which the budget may have
+	 * left some out (every message row says it). */
+	for (int i = 0; i < n && total < 0; i++)
+		if (pg_r_i32(r, i, 0) == 1)
+			total = (int)pg_r_i64(r, i, 1 + PG_SESSION_NCOLS + 3);
+	if (total < 0)
+		total = 0;
+	if (!q->last_n && q->limit && (uint32_t)total > q->limit) {
 		a->res.has_more = 1;
-		want = (int)q->limit;
+		total = (int)q->limit;
 	}
+	if (want > total)
+		want = total;
+	if (want < total)
+		a->res.has_more = 1;    /* the budget left rows out */
+	/* The exact budget (histd_read.max_bytes), over the message rows in
+	 * the order it keeps them, which is the statement's: the first, or
+	 * the newest with last_n. */
+	for (int i = 0, kept = 0; i < n && kept < want; i++) {
+		uint64_t rl, one;
+		size_t len;
+
+		if (pg_r_i32(r, i, 0) != 1)
+			continue;
+		(void)pg_r_str(r, i, 1 + PG_SESSION_NCOLS + 2, &len);
+		rl = pg_record_len((uint64_t)pg_r_i64(r, i, 1 + PG_SESSION_NCOLS),
+				   len);
+		one = 1 + histd_wire_varint_size(rl) + rl;
+		if (budget && kept > 0 && size + one > (uint64_t)budget) {
+			a->res.has_more = 1;
+			skip = want - kept;
+			want = kept;
+			break;
+		}
+		size += one;
+		kept++;
+	}
+	/* Added in seq order: with last_n from the oldest message row, past
+	 * the older ones the budget left out. */
+	if (!q->last_n)
+		skip = 0;
 	/* Message rows: oldest first after a seq, newest first for last_n. */
 	for (int k = 0, added = 0; k < n && added < want; k++) {
 		int i = q->last_n ? n - 1 - k : k;
@@ -941,6 +982,10 @@ read_body(pg_driver *d, pg_conn *c, void *arg, int *retry, int *commit_sent)
 		if (pg_r_i32(r, i, 0) != 1)
 			continue;
 		data = pg_r_str(r, i, 1 + PG_SESSION_NCOLS + 2, &len);
+		if (skip) {
+			skip--;
+			continue;
+		}
 		rc = pg_records_add_msg(&a->res.records,
 					(uint64_t)pg_r_i64(r, i, 1 + PG_SESSION_NCOLS),
 					(uint32_t)pg_r_i32(r, i, 1 + PG_SESSION_NCOLS + 1),

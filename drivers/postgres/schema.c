@@ -526,24 +526,42 @@ const char *const pg_stmt_sql[ST_COUNT] = {
 
 	/* The session row (k = 0) and the messages after $3, at most $4
 	 * (NULL: all), read by one statement: one snapshot. */
+	/* $3 after seq, $4 limit (NULL: none), $5 a byte budget (0: none):
+	 * the rows that start within it, counting each message's stored
+	 * bytes alone (fewer than its framed record), so every row the exact
+	 * budget keeps comes, and perhaps a few more for the driver to
+	 * drop. The last column: how many rows the limit alone gives. The
+	 * windows run over the limited rows only; octet_length reads a
+	 * stored value's size without detoasting it. */
 	[ST_READ_AFTER] =
-	"SELECT 0 AS k, " PG_SESSION_COLS ", NULL::int8, NULL::int4, NULL::bytea"
+	"SELECT 0 AS k, " PG_SESSION_COLS ", NULL::int8, NULL::int4, NULL::bytea,"
+	" NULL::int8"
 	" FROM sessions s WHERE s.tenant = $1 AND s.id = $2"
 	" UNION ALL"
-	" (SELECT 1, " NULL_SESSION ", m.seq, m.token_estimate, m.data"
-	"  FROM messages m"
-	"  WHERE m.sid = (SELECT sid FROM sessions WHERE tenant = $1 AND id = $2)"
-	"  AND m.seq > $3::int8 ORDER BY m.seq LIMIT $4::int8)",
+	" (SELECT 1, " NULL_SESSION ", x.seq, x.token_estimate, x.data, x.total"
+	"  FROM (SELECT y.*, count(*) OVER () AS total,"
+	"   sum(octet_length(y.data)) OVER (ORDER BY y.seq ROWS UNBOUNDED PRECEDING)"
+	"   - octet_length(y.data) AS before"
+	"   FROM (SELECT m.seq, m.token_estimate, m.data FROM messages m"
+	"    WHERE m.sid = (SELECT sid FROM sessions WHERE tenant = $1 AND id = $2)"
+	"    AND m.seq > $3::int8 ORDER BY m.seq LIMIT $4::int8) y) x"
+	"  WHERE $5::int8 = 0 OR x.before < $5::int8 ORDER BY x.seq)",
 
-	/* The newest $3, newest first. */
+	/* The newest $3, newest first; $4 a byte budget, as above, counted
+	 * from the newest. */
 	[ST_READ_LAST] =
-	"SELECT 0 AS k, " PG_SESSION_COLS ", NULL::int8, NULL::int4, NULL::bytea"
+	"SELECT 0 AS k, " PG_SESSION_COLS ", NULL::int8, NULL::int4, NULL::bytea,"
+	" NULL::int8"
 	" FROM sessions s WHERE s.tenant = $1 AND s.id = $2"
 	" UNION ALL"
-	" (SELECT 1, " NULL_SESSION ", m.seq, m.token_estimate, m.data"
-	"  FROM messages m"
-	"  WHERE m.sid = (SELECT sid FROM sessions WHERE tenant = $1 AND id = $2)"
-	"  ORDER BY m.seq DESC LIMIT $3::int8)",
+	" (SELECT 1, " NULL_SESSION ", x.seq, x.token_estimate, x.data, x.total"
+	"  FROM (SELECT y.*, count(*) OVER () AS total,"
+	"   sum(octet_length(y.data)) OVER (ORDER BY y.seq DESC"
+	"    ROWS UNBOUNDED PRECEDING) - octet_length(y.data) AS before"
+	"   FROM (SELECT m.seq, m.token_estimate, m.data FROM messages m"
+	"    WHERE m.sid = (SELECT sid FROM sessions WHERE tenant = $1 AND id = $2)"
+	"    ORDER BY m.seq DESC LIMIT $3::int8) y) x"
+	"  WHERE $4::int8 = 0 OR x.before < $4::int8 ORDER BY x.seq DESC)",
 
 	[ST_TOOL_RESULT] =
 	"SELECT s.sid, m.seq, m.token_estimate, m.data FROM sessions s"

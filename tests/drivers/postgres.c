@@ -112,6 +112,7 @@ main(void)
 {
 	const histd_conformance_fixture fx = {
 		.driver = "postgres",
+		.read_budget = 1,
 		.store_new = store_new,
 		.store_free = store_free,
 	};

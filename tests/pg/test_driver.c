@@ -569,11 +569,11 @@ reads_and_lists_use_indexes_not_scans(void **state)
 	assert_non_null(r);
 	PQclear(r);
 
-	plan = plan_of(f->dsn, pg_stmt_sql[ST_READ_LAST], "'t', 'big', 20");
+	plan = plan_of(f->dsn, pg_stmt_sql[ST_READ_LAST], "'t', 'big', 20, 4000000");
 	assert_non_null(strstr(plan, "Index Scan Backward using messages_pkey"));
 	assert_null(strstr(plan, "Seq Scan"));
 	free(plan);
-	plan = plan_of(f->dsn, pg_stmt_sql[ST_READ_AFTER], "'t', 'big', 49000, 100");
+	plan = plan_of(f->dsn, pg_stmt_sql[ST_READ_AFTER], "'t', 'big', 49000, 100, 4000000");
 	assert_non_null(strstr(plan, "Index Scan using messages_pkey"));
 	assert_null(strstr(plan, "Seq Scan on messages"));
 	free(plan);
