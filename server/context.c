@@ -29,6 +29,9 @@
  * at while entries are made. */
 #define REAP_STEP 4
 #define FIRST_LOAD 32          /* messages a CONTEXT read loads first */
+/* A CONTEXT last_n read loads at most this many first: the response
+ * size may decide with far fewer than last_n. */
+#define LAST_N_FIRST_LOAD 4096
 #define PUT_ATTEMPTS 16        /* summary_put retries against appends */
 #define BACKOFF_MAX_US (INT64_C(60) * 1000000)
 #define SWEEP_PAGE 500
@@ -122,6 +125,9 @@ struct sess {
 	/* How many messages a CONTEXT read loads first: its pipeline's
 	 * newest_needed as of the last read (0: FIRST_LOAD). */
 	_Atomic uint32_t load_hint;
+	/* With no transform and no last_n: how many the last such read
+	 * loaded when it decided (0: none), where the next one starts. */
+	_Atomic uint32_t fit_hint;
 	/* Tokens of the messages a summary covers (worker only). */
 	uint64_t cov_to, cov_cleared, cov_tokens;
 	int cov_known;
@@ -712,6 +718,13 @@ tail_decides(const histd_view *v, uint64_t unanswered, uint32_t last_n)
 	return newer > n;
 }
 
+/* A message's size in a response: field key, length, bytes. */
+static size_t
+framed_size(size_t len)
+{
+	return len + 1 + histd_wire_varint_size(len);
+}
+
 /* Drops the oldest non-system, non-summary items until the packed view
  * fits max bytes (estimated from item sizes), then fixes up again. v is
  * fixed up already: its pinned items lead, and the dropped ones are the
@@ -723,7 +736,7 @@ fit_bytes(histd_view *v, size_t max, size_t **plen)
 	int rc;
 
 	for (size_t j = 0; j < v->n; j++)
-		total += (*plen)[j] + 1 + histd_wire_varint_size((*plen)[j]);
+		total += framed_size((*plen)[j]);
 	if (total + 64 <= max)
 		return 0;
 	while (from < v->n &&
@@ -731,9 +744,7 @@ fit_bytes(histd_view *v, size_t max, size_t **plen)
 		from++;
 	/* At least the newest message stays. */
 	while (total + 64 > max && v->n - (from + k) > 1) {
-		size_t l = (*plen)[from + k];
-
-		total -= l + 1 + histd_wire_varint_size(l);
+		total -= framed_size((*plen)[from + k]);
 		k++;
 	}
 	histd_view_remove_range(v, from, k);
@@ -741,6 +752,53 @@ fit_bytes(histd_view *v, size_t max, size_t **plen)
 		return rc;
 	/* The fix-up may change or drop items: measured again. */
 	return (*plen = item_sizes(v)) ? 0 : enomem();
+}
+
+/*
+ * Whether v, the fixed-up view of the newest messages loaded with no
+ * transform run (unanswered as for tail_decides; plen: item_sizes), gives
+ * fit_bytes what the whole session's view would. fit_bytes keeps the
+ * leading system and summary items and the newest others that fit after
+ * them. When the newest messages that both views hold alike pass max
+ * bytes on their own, the one where they pass it and all older ones are
+ * dropped in either view, and what stays is the same.
+ */
+static int
+bytes_decide(const histd_view *v, const size_t *plen, uint64_t unanswered,
+	     size_t max)
+{
+	size_t total = 0, from = 0;
+
+	while (from < v->n &&
+	       (v->items[from].flags & (HISTD_ITEM_SYSTEM | HISTD_ITEM_SUMMARY)))
+		total += framed_size(plen[from++]);
+	for (size_t i = v->n; i-- > from;) {
+		const histd_view_item *it = &v->items[i];
+
+		if ((it->flags & (HISTD_ITEM_SYSTEM | HISTD_ITEM_SUMMARY)) ||
+		    it->seq <= unanswered)
+			return 0;
+		total += framed_size(plen[i]);
+		if (total + 64 > max)
+			return 1;
+	}
+	return 0;
+}
+
+/* How many of the newest messages look enough for max bytes, going by
+ * the res loaded (0: no guess). */
+static uint32_t
+bytes_guess(const histd_read_result *res, size_t max)
+{
+	uint64_t bytes = 0, want;
+
+	for (size_t i = 0; i < res->records.n; i++)
+		bytes += framed_size(res->records.v[i].len);
+	if (!bytes)
+		return 0;
+	want = (uint64_t)res->records.n * max / bytes;
+	want += want / 4 + 1;
+	return want < UINT32_MAX ? (uint32_t)want : UINT32_MAX;
 }
 
 /*
@@ -935,11 +993,13 @@ known_take(struct sess *s, uint64_t revision, int64_t created_us,
 }
 
 /* One attempt at the view with the newest `load` messages. *sp: the
- * session's entry if known, else NULL; set here once the read succeeded. */
+ * session's entry if known, else NULL; set here once the read succeeded.
+ * HISTD_PLUGIN_MORE: load more, *want of them if that is not 0. */
 static int
 context_once(histd_context *x, histd_driver *d, const char *tenant,
 	     const Histd__V1__GetMessagesRequest *r, size_t max_bytes,
-	     uint32_t load, struct sess **sp, uint8_t **out, size_t *len)
+	     uint32_t load, struct sess **sp, uint8_t **out, size_t *len,
+	     uint32_t *want)
 {
 	histd_read q = { .tenant = tenant, .session_id = r->session_id,
 			 .last_n = load, .want_session = 1,
@@ -954,7 +1014,7 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	struct sess *s = *sp;
 	size_t n_older, *plen;
 	uint64_t unanswered = 0;
-	int rc, owned = 0, tail;
+	int rc, owned = 0, plain, partial, decided;
 
 	/* What the last full read of this revision found is not read
 	 * again (known_revision). */
@@ -1018,13 +1078,15 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 			     load, v, &n_older)))
 		goto out;
 	/* Without transforms the view is every message, fixed up; last_n
-	 * then keeps its tail. The newest messages loaded decide that tail
-	 * (tail_decides), so they are not read past. */
-	tail = r->last_n && !v->complete && !has_transform(p);
-	if (tail) {
+	 * then keeps its tail, and max_bytes the newest that fit. The newest
+	 * messages loaded may decide both (tail_decides, bytes_decide): then
+	 * they are not read past. */
+	plain = !has_transform(p);
+	partial = plain && !v->complete;
+	if (partial) {
 		if ((rc = histd_view_last_unanswered(v, &unanswered)))
 			goto out;
-		v->bounded = 1;     /* the last_n window below chooses */
+		v->bounded = 1;     /* last_n or max_bytes chooses below */
 	}
 
 	rc = histd_pipeline_transform(p, v);
@@ -1034,10 +1096,8 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 	}
 	if (rc)
 		goto out;
-	if (tail && !tail_decides(v, unanswered, r->last_n)) {
-		rc = HISTD_PLUGIN_MORE;
-		goto out;
-	}
+	decided = !partial ||
+		  (r->last_n && tail_decides(v, unanswered, r->last_n));
 	if (r->last_n) {
 		if ((rc = last_n_window(r->last_n, &extra)))
 			goto out;
@@ -1049,9 +1109,20 @@ context_once(histd_context *x, histd_driver *d, const char *tenant,
 		rc = enomem();
 		goto out;
 	}
+	if (!decided && !bytes_decide(v, plen, unanswered, max_bytes)) {
+		*want = bytes_guess(&res, max_bytes);
+		rc = HISTD_PLUGIN_MORE;
+		goto out;
+	}
 	if ((rc = fit_bytes(v, max_bytes, &plen)))
 		goto out;
 	rc = view_pack(v, sum ? sv : NULL, res.revision, plen, out, len);
+	/* Where the next such read starts (written only when it changes). */
+	if (!rc && !r->last_n &&
+	    atomic_load_explicit(&s->fit_hint, memory_order_relaxed) !=
+	    (plain ? load : 0))
+		atomic_store_explicit(&s->fit_hint, plain ? load : 0,
+				      memory_order_relaxed);
 out:
 	histd_view_free(v);
 	if (owned)
@@ -1089,6 +1160,25 @@ ctx_or_fallback(histd_context *x)
 	return fallback;
 }
 
+/*
+ * The next pass's load after one of `load` said more: 8 times as many
+ * (the last pass everything), or fewer if that looks enough: want, what
+ * the response size seems to need, or last_n + 1, what last_n needs when
+ * nothing older is waited for.
+ */
+static uint32_t
+next_load(uint32_t load, uint32_t want, uint32_t last_n)
+{
+	uint32_t next = load > UINT32_MAX / 8 ? UINT32_MAX : load * 8;
+
+	if (want > load && want < next)
+		next = want;
+	if (last_n && last_n < UINT32_MAX && last_n + 1 > load &&
+	    last_n + 1 < next)
+		next = last_n + 1;
+	return next;
+}
+
 int
 histd_context_get_messages(histd_context *x, histd_driver *d,
 			   const char *tenant,
@@ -1096,7 +1186,7 @@ histd_context_get_messages(histd_context *x, histd_driver *d,
 			   size_t max_response_bytes, uint8_t **out,
 			   size_t *len)
 {
-	uint32_t load = FIRST_LOAD;
+	uint32_t load = FIRST_LOAD, hint;
 	struct sess *s;
 	int rc;
 
@@ -1109,21 +1199,32 @@ histd_context_get_messages(histd_context *x, histd_driver *d,
 	if (s && atomic_load_explicit(&s->load_hint, memory_order_relaxed))
 		load = atomic_load_explicit(&s->load_hint,
 					    memory_order_relaxed);
-	/* One more than last_n says where its window may start. */
-	if (r->last_n >= load)
-		load = r->last_n < UINT32_MAX ? r->last_n + 1 : UINT32_MAX;
+	if (s && !r->last_n &&
+	    (hint = atomic_load_explicit(&s->fit_hint,
+					 memory_order_relaxed)) > load)
+		load = hint;
+	/* One more than last_n says where its window may start; the
+	 * response size may say it with fewer. */
+	if (r->last_n >= load) {
+		uint32_t n = r->last_n < LAST_N_FIRST_LOAD ? r->last_n + 1 :
+							     LAST_N_FIRST_LOAD;
+
+		if (n > load)
+			load = n;
+	}
 	*out = NULL;
 	for (int conflicts = 0;;) {
+		uint32_t want = 0;
+
 		rc = context_once(x, d, tenant, r, max_response_bytes, load,
-				  &s, out, len);
+				  &s, out, len, &want);
 		/* The session changed between the view's reads: again, from
 		 * the start (a few times; then the caller hears of it). */
 		if (rc == HISTD_ECONFLICT && ++conflicts < 4)
 			continue;
 		if (rc != HISTD_PLUGIN_MORE)
 			break;
-		/* Each pass loads 8 times as many; the last one everything. */
-		load = load > UINT32_MAX / 8 ? UINT32_MAX : load * 8;
+		load = next_load(load, want, r->last_n);
 	}
 	sess_put(s);
 	return rc;

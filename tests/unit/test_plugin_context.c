@@ -1190,7 +1190,7 @@ context_of_a_long_session_reads_only_its_tail(void **state)
 
 /* Records the CONTEXT reads of "tail" asked the driver for: the newest
  * (last_n) and pages from a seq (limit, the system index's scan). */
-static uint64_t tail_asked, scan_asked;
+static uint64_t tail_asked, scan_asked, tail_passes;
 static pthread_t tail_thread;
 
 /* Counts the test thread's reads (not the context worker's). */
@@ -1200,9 +1200,10 @@ count_tail_reads(const histd_read *q)
 	if (!pthread_equal(pthread_self(), tail_thread) ||
 	    strcmp(q->session_id, "tail"))
 		return;
-	if (q->last_n)
+	if (q->last_n) {
 		tail_asked += q->last_n;
-	else
+		tail_passes++;
+	} else
 		scan_asked += q->limit;
 }
 
@@ -1242,6 +1243,20 @@ append_many(const char *id, int n)
 	}
 }
 
+/* "tail": no transform, a system message, then 20,000 user messages; the
+ * test thread's reads of it counted from now on. */
+static void
+long_session_counted(void)
+{
+	static const char *const empty[] = { NULL };
+
+	assert_int_equal(ut_create("tail", empty), 0);
+	append_msg("tail", HISTD__V1__ROLE__ROLE_SYSTEM, "sys", NULL, NULL);
+	append_many("tail", 20000);
+	tail_thread = pthread_self();
+	histd_memory_read_test_hook = count_tail_reads;
+}
+
 /* With no transform in the pipeline (the default empty one), a CONTEXT
  * read with last_n loads the newest messages it needs, as RAW does, not
  * the whole session: the records it asks the driver for do not grow with
@@ -1250,15 +1265,10 @@ append_many(const char *id, int n)
 static void
 context_last_n_without_transforms_loads_only_the_tail(void **state)
 {
-	static const char *const empty[] = { NULL };
 	Histd__V1__GetMessagesResponse *g;
 
 	(void)state;
-	assert_int_equal(ut_create("tail", empty), 0);
-	append_msg("tail", HISTD__V1__ROLE__ROLE_SYSTEM, "sys", NULL, NULL);
-	append_many("tail", 20000);
-	tail_thread = pthread_self();
-	histd_memory_read_test_hook = count_tail_reads;
+	long_session_counted();
 	for (int k = 0; k < 2; k++) {
 		tail_asked = scan_asked = 0;
 		g = get_last("tail", 10);
@@ -1393,53 +1403,71 @@ the_window_hint_loads_less_and_changes_nothing(void **state)
 }
 
 /*
- * A CONTEXT last_n read that loads only the newest messages (no
- * transform) shows what one of the whole session shows ("full": a window
- * too wide to cut, so everything is loaded), after every append: with a
- * system message mid-history, and a tool call answered 95 messages later,
- * whose result the newest messages hold for a while.
+ * Message i of the script that "tail" (no transform) and "full" (a window
+ * too wide to cut, so every read loads everything) both get: a system
+ * message at 0 and mid-history at 60, a tool call at 5 answered 95
+ * messages later, whose result the newest messages hold for a while, and
+ * turns of question, call, result and answer. text: every text, or NULL
+ * for short ones.
  */
 static void
-context_last_n_of_the_tail_is_that_of_the_whole_session(void **state)
+append_to_both(int i, const char *text)
+{
+	const char *const ids[] = { "tail", "full" };
+	char c[32];
+
+	snprintf(c, sizeof(c), "c%d", i / 5);
+	for (int s = 0; s < 2; s++) {
+		const char *id = ids[s];
+
+		if (i == 0 || i == 60)
+			append_msg(id, HISTD__V1__ROLE__ROLE_SYSTEM,
+				   text ? text : "sys", NULL, NULL);
+		else if (i == 5)
+			append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, NULL,
+				   "late", NULL);
+		else if (i == 100)
+			append_msg(id, HISTD__V1__ROLE__ROLE_TOOL,
+				   text ? text : "late result", NULL, "late");
+		else if (i % 5 == 1)
+			append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT, NULL,
+				   c, NULL);
+		else if (i % 5 == 2)
+			append_msg(id, HISTD__V1__ROLE__ROLE_TOOL,
+				   text ? text : "result", NULL, c);
+		else if (i % 5 == 3)
+			append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT,
+				   text ? text : "Answer.", NULL, NULL);
+		else
+			append_msg(id, HISTD__V1__ROLE__ROLE_USER,
+				   text ? text : "Question.", NULL, NULL);
+	}
+}
+
+static int
+create_tail_and_full(void)
 {
 	static const char *const empty[] = { NULL };
 	static const char *const full[] = {
 		"window", "max_messages", "10000000", NULL };
+
+	return ut_create("tail", empty) || ut_create("full", full);
+}
+
+/*
+ * A CONTEXT last_n read that loads only the newest messages (no
+ * transform) shows what one of the whole session shows, after every
+ * append of append_to_both's script.
+ */
+static void
+context_last_n_of_the_tail_is_that_of_the_whole_session(void **state)
+{
 	static const uint32_t last_n[] = { 1, 5, 10, 40 };
-	const char *const ids[] = { "tail", "full" };
 
 	(void)state;
-	assert_int_equal(ut_create("tail", empty), 0);
-	assert_int_equal(ut_create("full", full), 0);
+	assert_int_equal(create_tail_and_full(), 0);
 	for (int i = 0; i < 150; i++) {
-		char c[32];
-
-		snprintf(c, sizeof(c), "c%d", i / 5);
-		for (int s = 0; s < 2; s++) {
-			const char *id = ids[s];
-
-			if (i == 0 || i == 60)
-				append_msg(id, HISTD__V1__ROLE__ROLE_SYSTEM,
-					   "sys", NULL, NULL);
-			else if (i == 5)
-				append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT,
-					   NULL, "late", NULL);
-			else if (i == 100)
-				append_msg(id, HISTD__V1__ROLE__ROLE_TOOL,
-					   "late result", NULL, "late");
-			else if (i % 5 == 1)
-				append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT,
-					   NULL, c, NULL);
-			else if (i % 5 == 2)
-				append_msg(id, HISTD__V1__ROLE__ROLE_TOOL,
-					   "result", NULL, c);
-			else if (i % 5 == 3)
-				append_msg(id, HISTD__V1__ROLE__ROLE_ASSISTANT,
-					   "Answer.", NULL, NULL);
-			else
-				append_msg(id, HISTD__V1__ROLE__ROLE_USER,
-					   "Question.", NULL, NULL);
-		}
+		append_to_both(i, NULL);
 		for (size_t k = 0; k < sizeof(last_n) / sizeof(last_n[0]);
 		     k++) {
 			Histd__V1__GetMessagesResponse *x, *y;
@@ -1451,6 +1479,108 @@ context_last_n_of_the_tail_is_that_of_the_whole_session(void **state)
 			ut_free_msg(y);
 		}
 	}
+}
+
+/* A CONTEXT read (last_n: 0 for none) of a response of at most max
+ * bytes, straight from the context. */
+static Histd__V1__GetMessagesResponse *
+get_within(const char *id, uint32_t last_n, size_t max)
+{
+	Histd__V1__GetMessagesRequest r = HISTD__V1__GET_MESSAGES_REQUEST__INIT;
+	Histd__V1__GetMessagesResponse *g;
+	uint8_t *out = NULL;
+	size_t len = 0;
+
+	r.session_id = (char *)id;
+	r.view = HISTD__V1__VIEW__VIEW_CONTEXT;
+	r.last_n = last_n;
+	if (histd_context_get_messages(ctx, drv, "alice", &r, max, &out, &len))
+		fail_msg("get: %s", histd_error_message());
+	g = histd__v1__get_messages_response__unpack(NULL, len, out);
+	free(out);
+	assert_non_null(g);
+	return g;
+}
+
+/*
+ * A CONTEXT read within a response size that loads only the newest
+ * messages (no transform) shows what one of the whole session shows,
+ * after every append of append_to_both's script with texts of several
+ * sizes: with and without last_n.
+ */
+static void
+context_within_a_size_is_that_of_the_whole_session(void **state)
+{
+	static const uint32_t last_n[] = { 0, 3, 40 };
+	static const size_t max[] = { 300, 700, 2000, 6000 };
+
+	(void)state;
+	assert_int_equal(create_tail_and_full(), 0);
+	for (int i = 0; i < 150; i++) {
+		char text[200];
+
+		snprintf(text, sizeof(text), "%.*s", 10 + (i * 37) % 150,
+			 "Lorem ipsum dolor sit amet, consectetur adipiscing "
+			 "elit, sed do eiusmod tempor incididunt ut labore et "
+			 "dolore magna aliqua. Ut enim ad minim veniam, quis "
+			 "nostrud exercitation.");
+		append_to_both(i, text);
+		for (size_t k = 0; k < sizeof(last_n) / sizeof(last_n[0]);
+		     k++) {
+			for (size_t m = 0; m < sizeof(max) / sizeof(max[0]);
+			     m++) {
+				Histd__V1__GetMessagesResponse *x, *y;
+
+				x = get_within("tail", last_n[k], max[m]);
+				y = get_within("full", last_n[k], max[m]);
+				assert_same_messages(x, y);
+				ut_free_msg(x);
+				ut_free_msg(y);
+			}
+		}
+	}
+}
+
+/*
+ * With no transform in the pipeline, a CONTEXT read loads the newest
+ * messages that decide what fits the response, not the whole session,
+ * with or without last_n (here far above the session's length); the
+ * next read starts where the last one ended. What comes back is the
+ * newest messages that fit, after the system message.
+ */
+static void
+context_without_transforms_loads_what_fits_the_response(void **state)
+{
+	static const uint32_t last_n[] = { 0, 1000000 };
+	const size_t max = 2000;
+
+	(void)state;
+	long_session_counted();
+	for (size_t k = 0; k < 2 * sizeof(last_n) / sizeof(last_n[0]); k++) {
+		Histd__V1__GetMessagesResponse *g;
+		size_t bytes;
+
+		tail_asked = scan_asked = tail_passes = 0;
+		g = get_within("tail", last_n[k / 2], max);
+		bytes = histd__v1__get_messages_response__get_packed_size(g);
+		assert_true(g->n_messages > 10);
+		assert_true(bytes <= max);
+		assert_string_equal(tc_text_of(g->messages[0]), "sys");
+		assert_int_equal(g->messages[1]->seq,
+				 20002 - (g->n_messages - 1));
+		assert_int_equal(g->messages[g->n_messages - 1]->seq, 20001);
+		ut_free_msg(g);
+		if (tail_asked > 4096)
+			fail_msg("read %zu (last_n %u) asked for the newest "
+				 "%llu records", k, last_n[k / 2],
+				 (unsigned long long)tail_asked);
+		/* A read without last_n starts where the last one ended:
+		 * one pass. */
+		if (k == 1 && tail_passes != 1)
+			fail_msg("the second read took %llu passes",
+				 (unsigned long long)tail_passes);
+	}
+	histd_memory_read_test_hook = NULL;
 }
 
 /*
@@ -1789,6 +1919,12 @@ main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			context_last_n_of_the_tail_is_that_of_the_whole_session,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			context_within_a_size_is_that_of_the_whole_session,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			context_without_transforms_loads_what_fits_the_response,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			reduce_never_covers_a_call_waiting_for_its_result,
